@@ -1,0 +1,1 @@
+"""The method's mathematics in pure torch: no FLARE import here."""

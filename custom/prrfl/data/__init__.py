@@ -1,0 +1,1 @@
+"""Data sets: real-layout loaders, preparation and synthetic generators."""

@@ -1,0 +1,1 @@
+"""Thin FLARE glue: server workflow, site entry point, job export."""

@@ -1,0 +1,1 @@
+"""Tasks: one contract per data set."""
