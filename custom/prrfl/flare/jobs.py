@@ -1,0 +1,102 @@
+"""The FLARE job folders under jobs/, generated from one table of configurations.
+
+`prrfl jobs export` writes them and a test checks the committed folders still match. Each job is
+one server app (PersonalizedWorkflow + TensorBoard receiver) and one client app (the Client API
+script + the event converter that streams each site's scalars to the server) deployed to all sites.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE
+from nvflare.app_common.widgets.convert_to_fed_event import ConvertToFedEvent
+from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
+from nvflare.client.config import ExchangeFormat
+from nvflare.fuel.utils.constants import FrameworkType
+from nvflare.job_config.api import FedJob
+from nvflare.job_config.script_runner import ScriptRunner
+
+from prrfl.config import RunConfig
+from prrfl.flare.workflow import PersonalizedWorkflow
+
+SITE_SCRIPT = Path(__file__).parent / "entry" / "prrfl_site.py"
+
+# The quick default: the embedded synthetic federation at 8% of Table I, 64 px, 5 rounds x 2 epochs.
+QUICK: dict[str, Any] = {"num_rounds": 5, "local_epochs": 2}
+
+# The paper's setting (TMI 2022, Sec. IV): 128 px, 50 rounds x 5 epochs, lr 1e-2 halved every 25
+# epochs, batch 16; full Table I sizes for the synthetic federation (or set data_root per site).
+PAPER: dict[str, Any] = {
+    "num_rounds": 50,
+    "local_epochs": 5,
+    "data": {"image_size": 128, "synthetic_scale": 1.0, "synthetic_raw_size": [600, 450]},
+}
+
+JOBS: dict[str, dict[str, Any]] = {
+    "derm_prr": {"method": "prr", **QUICK},
+    "derm_prr_paper": {"method": "prr", **PAPER},
+}
+
+
+def job_config(name: str) -> RunConfig:
+    if name not in JOBS:
+        raise ValueError(f"unknown job '{name}'; available: {sorted(JOBS)}")
+    return RunConfig.from_dict({"task": "derm", "run_name": name, **JOBS[name]})
+
+
+def build_job(name: str, cfg: RunConfig | None = None, min_clients: int = 1) -> FedJob:
+    cfg = cfg or job_config(name)
+    job = FedJob(name=name, min_clients=min_clients)
+    job.to_server(PersonalizedWorkflow(config=cfg.to_dict()), id="workflow")
+    job.to_server(TBAnalyticsReceiver(events=["fed." + ANALYTIC_EVENT_TYPE]), id="receiver")
+    runner = ScriptRunner(
+        script=SITE_SCRIPT.name,  # relative: resolved in the site's app/custom/, copied from the cwd
+        framework=FrameworkType.PYTORCH,
+        server_expected_format=ExchangeFormat.PYTORCH,
+    )
+    job.to_clients(runner)
+    job.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTIC_EVENT_TYPE]), id="event_to_fed")
+    return job
+
+
+def export_job(
+    name: str, out_root: str | Path, cfg: RunConfig | None = None, min_clients: int = 1, bundle: bool = False
+) -> Path:
+    """Write <out_root>/<name>/ (meta.json, app/config, app/custom/prrfl_site.py), replacing an old one.
+
+    The sites import prrfl from their installation (pip install -e . on every site). bundle=True also
+    copies the whole package into app/custom/ for sites that cannot install it (FLARE puts custom/
+    on the path).
+    """
+    out_root = Path(out_root).resolve()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        shutil.copy(SITE_SCRIPT, SITE_SCRIPT.name)
+        build_job(name, cfg, min_clients).export_job("export")
+        exported = Path(tmp) / "export" / name
+        # FLARE copies the imported modules it can trace, a partial package: keep it whole or not at all
+        shutil.rmtree(exported / "app" / "custom" / "prrfl", ignore_errors=True)
+        if bundle:
+            package = Path(__file__).resolve().parents[1]
+            shutil.copytree(package, exported / "app" / "custom" / "prrfl", ignore=shutil.ignore_patterns("__pycache__"))
+        target = out_root / name
+        if target.exists():
+            shutil.rmtree(target)
+        out_root.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(exported, target)
+    return target
+
+
+def job_files(folder: str | Path) -> dict[str, Any]:
+    """A job folder's content (JSON parsed), for comparing an exported job with a committed one."""
+    folder = Path(folder)
+    content = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        rel = str(path.relative_to(folder))
+        content[rel] = json.loads(path.read_text()) if path.suffix == ".json" else path.read_text()
+    return content

@@ -1,0 +1,87 @@
+"""Site entry point under the FLARE Client API: receive a task, run it, send the result.
+
+FLARE may start this process once per job or once per task (simulator with fewer threads than
+sites), so nothing lives only in memory: the runtime is rebuilt from the site checkpoint when the
+process is new, and written back after every round.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import nvflare.client as flare
+import torch
+from nvflare.client.tracking import SummaryWriter
+
+from prrfl.config import RunConfig
+from prrfl.flare import protocol as P
+from prrfl.flare.site_config import SiteConfig
+from prrfl.registry import build_method, build_task
+from prrfl.site.state import SiteRuntime
+from prrfl.site.trainer import run_round
+
+log = logging.getLogger("prrfl.site")
+
+
+def seed_for(seed: int, site: str) -> int:
+    """A per-site seed that does not depend on Python's salted hash()."""
+    return (seed * 1_000_003 + sum((i + 1) * ord(ch) for i, ch in enumerate(site))) % (2**31)
+
+
+def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWriter | None) -> SiteRuntime:
+    cfg = RunConfig.from_dict(meta[P.CONFIG])
+    task = build_task(cfg)
+    method = build_method(cfg, task)
+    device = torch.device(local.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu":
+        torch.set_num_threads(local.num_threads or max(1, (os.cpu_count() or 1) // max(1, meta.get(P.NUM_SITES, 1))))
+    cohort = local.cohort or task.cohort_of(site, cfg.data.get("site_map"))
+    data = task.load_site(cohort, device, local.data_root)
+    torch.manual_seed(seed_for(cfg.seed, site))
+    models = {role: task.build_model().to(device) for role in method.roles}
+    optimizers = {
+        role: torch.optim.SGD(m.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        for role, m in models.items()
+    }
+    runtime = SiteRuntime(
+        name=site,
+        cfg=cfg,
+        task=task,
+        method=method,
+        data=data,
+        device=device,
+        state_dir=Path(local.state_dir or Path("prrfl") / cfg.run_name).resolve(),
+        models=models,
+        optimizers=optimizers,
+        generator=torch.Generator().manual_seed(seed_for(cfg.seed, site)),
+        run_id=meta[P.RUN_ID],
+        log_scalar=(lambda tag, value, step: writer.add_scalar(tag, float(value), global_step=step)) if writer else (lambda *a: None),
+    )
+    runtime.restore()
+    return runtime
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO)
+    local = SiteConfig.load(argv)
+    flare.init()
+    site = flare.get_site_name()
+    writer = SummaryWriter()
+    runtime: SiteRuntime | None = None
+    while flare.is_running():
+        model = flare.receive()
+        if model is None:
+            break
+        meta = model.meta or {}
+        if runtime is None or runtime.run_id != meta.get(P.RUN_ID):
+            runtime = build_runtime(site, meta, local, writer)
+        task_name = flare.get_task_name()
+        if task_name == P.TASK_PREPARE:
+            flare.send(flare.FLModel(params={}, meta={"cohort": runtime.data.cohort, "num_train": runtime.data.num_train, "class_counts": runtime.data.class_counts}))
+        elif task_name == P.TASK_TRAIN:
+            upload = run_round(runtime, P.model_to_download(model), meta[P.ROUND])
+            flare.send(P.upload_to_model(upload, {"best": runtime.best, "last": runtime.results()["last"]}))
+        else:
+            raise ValueError(f"site {site}: unknown task '{task_name}'")

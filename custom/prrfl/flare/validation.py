@@ -1,0 +1,53 @@
+"""Server-side checks of a site's upload before it may influence anyone else's model.
+
+A malformed or poisoned upload (wrong keys or shapes, NaN/Inf, bad counts or prototypes) is
+rejected for the round with a reason; the others are aggregated as usual.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from prrfl.methods.base import Upload
+
+
+def upload_problem(upload: Upload, reference: dict[str, torch.Tensor], num_classes: int) -> str | None:
+    """None when the upload is usable, else a one-line reason."""
+    keys, expected = set(upload.params), set(reference)
+    if keys != expected:
+        missing, extra = sorted(expected - keys), sorted(keys - expected)
+        return f"parameter keys differ from the model's (missing {missing[:5]}, unexpected {extra[:5]})"
+    for key, ref in reference.items():
+        value = upload.params[key]
+        if not isinstance(value, torch.Tensor):
+            return f"parameter {key} is a {type(value).__name__}, expected a tensor"
+        if tuple(value.shape) != tuple(ref.shape):
+            return f"parameter {key} has shape {tuple(value.shape)}, expected {tuple(ref.shape)}"
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            return f"parameter {key} holds NaN or Inf"
+    counts = upload.class_counts
+    if len(counts) != num_classes or any((not isinstance(c, int)) or c < 0 for c in counts):
+        return f"class_counts must be {num_classes} non-negative integers, got {counts!r}"
+    if upload.num_train != sum(counts):
+        return f"num_train {upload.num_train} != sum of class_counts {sum(counts)}"
+    return _prototype_problem(upload.meta, num_classes)
+
+
+def _prototype_problem(meta: dict[str, Any], num_classes: int) -> str | None:
+    if "prototypes" not in meta:
+        return None
+    protos = meta["prototypes"]
+    present = meta.get("prototype_present")
+    if not isinstance(protos, list) or len(protos) != num_classes:
+        return f"prototypes must have one row per class ({num_classes})"
+    if present is None or len(present) != num_classes:
+        return f"prototype_present must have {num_classes} entries"
+    width = {len(row) for row in protos}
+    if len(width) != 1:
+        return "prototype rows have different lengths"
+    if any(not math.isfinite(v) for row in protos for v in row):
+        return "prototypes hold NaN or Inf"
+    return None

@@ -1,0 +1,106 @@
+"""The method contract: what a site does in a local round and what the server does with the uploads.
+
+The shared loop (prrfl.site.trainer) owns data, batches, optimisers, evaluation and checkpoints.
+A method only says which models a site keeps (`roles`), their losses on a batch, what happens at a
+download, before/after an epoch, and how the server turns the uploads into one download per site.
+Whatever a method must remember at a site between rounds goes into `site.memory`, which the loop
+checkpoints with the models (site processes may be restarted for every task).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from prrfl.config import RunConfig
+    from prrfl.site.state import SiteRuntime
+    from prrfl.tasks.base import Task
+
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass
+class Upload:
+    """What one site sends after its local round: shared parameters plus small statistics."""
+
+    site: str
+    params: StateDict
+    num_train: int
+    class_counts: list[int]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Download:
+    """What the server sends one site for the next round."""
+
+    params: StateDict
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Method:
+    """Base class: one local model trained with the task's supervised loss, uploaded whole."""
+
+    name: ClassVar[str] = "base"
+    roles: ClassVar[tuple[str, ...]] = ("local",)
+    eval_role: ClassVar[str] = "local"  # the model a site reports and selects on validation
+    upload_role: ClassVar[str] = "local"
+
+    def __init__(self, cfg: "RunConfig", task: "Task", **options: Any):
+        self.cfg = cfg
+        self.task = task
+        if options:
+            raise ValueError(f"method '{self.name}' got unknown option(s) {sorted(options)}")
+
+    # ----- both sides ---------------------------------------------------------------------
+    def shared_keys(self, model: torch.nn.Module) -> list[str]:
+        """State-dict keys that travel between site and server (default: all)."""
+        return list(model.state_dict().keys())
+
+    # ----- server side ---------------------------------------------------------------------
+    def aggregate(self, uploads: list[Upload], round_idx: int, server: dict[str, Any]) -> dict[str, Download]:
+        """Uploads of the sites that answered -> one download per site. `server` is the method's own
+        persisted server-side state (a dict it may read and update)."""
+        raise NotImplementedError
+
+    # ----- site side -----------------------------------------------------------------------
+    def on_download(self, site: "SiteRuntime", download: Download, first: bool) -> None:
+        """Load the download into the site's models. `first`: the initial model of the run."""
+        for role in self.roles:
+            site.models[role].load_state_dict(download.params, strict=first)
+
+    def before_epoch(self, site: "SiteRuntime", epoch: int) -> None:
+        pass
+
+    def supervised_loss(self, site: "SiteRuntime", logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.task.loss(logits, labels)
+
+    def losses(
+        self, site: "SiteRuntime", labels: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
+        """outputs: role -> (logits, embedding). Returns one loss per trained role."""
+        return {role: self.supervised_loss(site, out[0], labels) for role, out in outputs.items()}
+
+    def after_batch(self, site: "SiteRuntime", labels: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        pass
+
+    def after_epoch(self, site: "SiteRuntime", epoch: int) -> None:
+        pass
+
+    def upload(self, site: "SiteRuntime") -> Upload:
+        model = site.models[self.upload_role]
+        state = model.state_dict()
+        params = {k: state[k].detach().cpu() for k in self.shared_keys(model)}
+        return Upload(
+            site=site.name,
+            params=params,
+            num_train=site.data.num_train,
+            class_counts=site.data.class_counts,
+            meta=self.upload_meta(site),
+        )
+
+    def upload_meta(self, site: "SiteRuntime") -> dict[str, Any]:
+        return {}

@@ -1,0 +1,62 @@
+"""Evaluation metrics (scikit-learn), on the 0-100 scale the papers report.
+
+Classification: macro F1 and macro one-vs-rest AUC (the papers' F1/AUC), accuracy and balanced
+accuracy (bACC). Segmentation: Dice and IoU of the foreground.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score, roc_auc_score
+
+
+def classification_metrics(probs: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, float]:
+    """probs [N, C] softmax outputs, labels [N] ints -> {"f1", "auc", "acc", "bacc"} in percent.
+
+    AUC is the unweighted mean of the one-vs-rest AUCs over the classes present in `labels` (with at
+    least one negative too); a split where no class qualifies gives NaN rather than a made-up value.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    labels = np.asarray(labels)
+    if probs.ndim != 2 or probs.shape[0] != labels.shape[0] or probs.shape[1] != num_classes:
+        raise ValueError(f"probs must be [N, {num_classes}] with N = len(labels); got {probs.shape} and {labels.shape}")
+    if labels.size == 0:
+        raise ValueError("cannot compute metrics on an empty split")
+    preds = probs.argmax(axis=1)
+    classes = list(range(num_classes))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sklearn warns on classes absent from y_true; the macro rule is explicit
+        f1 = f1_score(labels, preds, labels=classes, average="macro", zero_division=0)
+        bacc = balanced_accuracy_score(labels, preds)
+    return {
+        "f1": 100.0 * f1,
+        "auc": 100.0 * ovr_auc(probs, labels, num_classes),
+        "acc": 100.0 * accuracy_score(labels, preds),
+        "bacc": 100.0 * bacc,
+    }
+
+
+def ovr_auc(probs: np.ndarray, labels: np.ndarray, num_classes: int) -> float:
+    """Macro one-vs-rest ROC AUC over the classes that have both positives and negatives."""
+    aucs = []
+    for c in range(num_classes):
+        positives = labels == c
+        if positives.all() or not positives.any():
+            continue
+        aucs.append(roc_auc_score(positives, probs[:, c]))
+    return float(np.mean(aucs)) if aucs else math.nan
+
+
+def dice_iou(pred_mask: np.ndarray, true_mask: np.ndarray) -> dict[str, float]:
+    """Foreground Dice and IoU in percent (both 100 when both masks are empty)."""
+    pred = np.asarray(pred_mask, dtype=bool)
+    true = np.asarray(true_mask, dtype=bool)
+    inter = np.logical_and(pred, true).sum()
+    total = pred.sum() + true.sum()
+    union = np.logical_or(pred, true).sum()
+    if total == 0:
+        return {"dice": 100.0, "iou": 100.0}
+    return {"dice": 100.0 * 2 * inter / total, "iou": 100.0 * inter / union}

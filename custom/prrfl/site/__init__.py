@@ -1,0 +1,1 @@
+"""Site side: persistent per-site state and the shared local training loop."""

@@ -1,0 +1,121 @@
+"""Per-site runtime state and its checkpoint.
+
+Everything a site needs between rounds (both models, optimiser state, RNG state, the method's
+memory, best-on-validation record, history) lives in one checkpoint in the site's own workspace,
+written atomically after every round: FLARE may relaunch the site process for every task, and a
+site that crashes resumes from its last completed round.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from prrfl.config import RunConfig
+from prrfl.methods.base import Method
+from prrfl.storage import load_torch, save_json, save_torch
+from prrfl.tasks.base import SiteData, Split, Task
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "site_state.pt"
+RESULTS = "results.json"
+
+Scalar = Callable[[str, float, int], None]
+
+
+@dataclass
+class SiteRuntime:
+    name: str
+    cfg: RunConfig
+    task: Task
+    method: Method
+    data: SiteData
+    device: torch.device
+    state_dir: Path
+    models: dict[str, torch.nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+    generator: torch.Generator
+    run_id: str
+    log_scalar: Scalar = lambda tag, value, step: None
+    memory: dict[str, Any] = field(default_factory=dict)
+    round_idx: int = -1  # last completed round
+    best: dict[str, Any] | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    # ----- evaluation ------------------------------------------------------------------
+    @torch.no_grad()
+    def predict(self, role: str, split: Split, batch_size: int = 256) -> np.ndarray:
+        model = self.models[role]
+        was_training = model.training
+        model.eval()
+        probs = []
+        for start in range(0, len(split), batch_size):
+            logits, _ = model(self.task.eval_inputs(split.images[start : start + batch_size]))
+            probs.append(torch.softmax(logits.float(), dim=1).cpu())
+        model.train(was_training)
+        return torch.cat(probs).numpy()
+
+    def evaluate(self, role: str, split_name: str) -> dict[str, float]:
+        split = self.data.split(split_name)
+        return self.task.metrics(self.predict(role, split), split.labels.cpu().numpy())
+
+    # ----- persistence -----------------------------------------------------------------
+    def save(self) -> None:
+        save_torch(
+            {
+                "run_id": self.run_id,
+                "round_idx": self.round_idx,
+                "models": {r: m.state_dict() for r, m in self.models.items()},
+                "optimizers": {r: o.state_dict() for r, o in self.optimizers.items()},
+                "generator": self.generator.get_state(),
+                "memory": self.memory,
+                "best": self.best,
+                "history": self.history,
+            },
+            self.state_dir / CHECKPOINT,
+        )
+        save_json(self.results(), self.state_dir / RESULTS)
+
+    def restore(self) -> bool:
+        """Load the checkpoint of this run if there is one; False when starting fresh."""
+        path = self.state_dir / CHECKPOINT
+        if not path.exists():
+            return False
+        ckpt = load_torch(path, map_location=self.device)
+        if ckpt.get("run_id") != self.run_id:
+            log.info("site %s: checkpoint %s belongs to another run (%s); starting fresh", self.name, path, ckpt.get("run_id"))
+            return False
+        for role, model in self.models.items():
+            model.load_state_dict(ckpt["models"][role])
+        for role, opt in self.optimizers.items():
+            opt.load_state_dict(ckpt["optimizers"][role])
+        self.generator.set_state(ckpt["generator"].cpu())
+        self.memory = ckpt["memory"]
+        self.round_idx = ckpt["round_idx"]
+        self.best = ckpt["best"]
+        self.history = ckpt["history"]
+        log.info("site %s: resumed from %s after round %d", self.name, path, self.round_idx)
+        return True
+
+    def results(self) -> dict[str, Any]:
+        last = next((h for h in reversed(self.history) if h["kind"] == "round"), None)
+        return {
+            "site": self.name,
+            "cohort": self.data.cohort,
+            "method": self.cfg.method,
+            "run_name": self.cfg.run_name,
+            "run_id": self.run_id,
+            "seed": self.cfg.seed,
+            "rounds_completed": self.round_idx + 1,
+            "num_train": self.data.num_train,
+            "class_counts": self.data.class_counts,
+            "best": self.best,
+            "last": last,
+            "history": self.history,
+        }

@@ -1,0 +1,91 @@
+"""The one local training loop every method shares."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from prrfl.methods.base import Download, Upload
+from prrfl.site.state import SiteRuntime
+from prrfl.storage import save_torch
+
+log = logging.getLogger(__name__)
+
+
+def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
+    """One communication round at a site: download, E local epochs, evaluation, checkpoint, upload."""
+    cfg, method = site.cfg, site.method
+    method.on_download(site, download, first=site.round_idx < 0)
+    for epoch in range(cfg.local_epochs):
+        step = round_idx * cfg.local_epochs + epoch  # global epoch index: the x axis of every curve
+        for opt in site.optimizers.values():
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr_at(step)
+        method.before_epoch(site, epoch)
+        losses = train_epoch(site)
+        method.after_epoch(site, epoch)
+        for role, value in losses.items():
+            site.log_scalar(f"loss/{role}", value, step)
+        site.log_scalar("lr", cfg.lr_at(step), step)
+        if cfg.eval_test_every_epoch:
+            test = site.evaluate(method.eval_role, "test")
+            site.history.append({"kind": "epoch", "round": round_idx, "epoch": step, "test": test})
+            site.log_scalar(f"epoch_test/{site.task.primary_metric}", test[site.task.primary_metric], step)
+    record_round(site, round_idx)
+    site.round_idx = round_idx
+    upload = method.upload(site)
+    site.save()
+    return upload
+
+
+def train_epoch(site: SiteRuntime) -> dict[str, float]:
+    """One pass over the site's training split; returns the mean loss of each trained model."""
+    method, train = site.method, site.data.train
+    models = {role: site.models[role].train() for role in method.roles}
+    n = len(train)
+    order = torch.randperm(n, generator=site.generator).to(train.labels.device)
+    bs = site.cfg.batch_size
+    # a last batch of one sample would break BatchNorm in training mode: it joins the previous batch
+    bounds = list(range(0, n, bs))
+    if len(bounds) > 1 and n - bounds[-1] == 1:
+        bounds.pop()
+    totals = {role: 0.0 for role in models}
+    for i, start in enumerate(bounds):
+        stop = bounds[i + 1] if i + 1 < len(bounds) else n
+        idx = order[start:stop]
+        inputs = site.task.train_inputs(train.images[idx], site.generator)
+        labels = train.labels[idx]
+        outputs = {role: model(inputs) for role, model in models.items()}
+        losses = method.losses(site, labels, outputs)
+        for opt in site.optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        total = sum(losses.values())
+        if not torch.isfinite(total):
+            raise FloatingPointError(f"site {site.name}: non-finite training loss {float(total)} (lower the learning rate?)")
+        total.backward()
+        for opt in site.optimizers.values():
+            opt.step()
+        method.after_batch(site, labels, outputs)
+        for role, loss in losses.items():
+            totals[role] += float(loss.detach()) * len(idx)
+    return {role: total / max(n, 1) for role, total in totals.items()}
+
+
+def record_round(site: SiteRuntime, round_idx: int) -> None:
+    """Evaluate the site's reported model on valid and test; keep the best on validation."""
+    role, metric = site.method.eval_role, site.task.primary_metric
+    valid = site.evaluate(role, "valid")
+    test = site.evaluate(role, "test")
+    step = (round_idx + 1) * site.cfg.local_epochs - 1
+    for split, values in (("valid", valid), ("test", test)):
+        for name, value in values.items():
+            site.log_scalar(f"{split}/{name}", value, step)
+    site.history.append({"kind": "round", "round": round_idx, "epoch": step, "valid": valid, "test": test})
+    score = valid[metric]
+    eligible = round_idx >= site.cfg.select_from_round and not math.isnan(score)
+    if eligible and (site.best is None or score > site.best["valid"][metric]):
+        site.best = {"round": round_idx, "valid": valid, "test": test}
+        save_torch(site.models[role].state_dict(), site.state_dir / f"best_{role}.pt")
+        log.info("site %s: new best %s %.2f at round %d", site.name, metric, score, round_idx)

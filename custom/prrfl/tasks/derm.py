@@ -1,0 +1,100 @@
+"""Dermoscopy classification (nv / bkl / mel) over 4 cohorts + an out-of-distribution cohort.
+
+Sites by cohort: A ViDIR Modern, B ViDIR MoleMax, C Rosendahl (HAM10000), D MSK (ISIC 2017); OOD
+ViDIR Legacy. The data of a site is a prepared folder (prrfl.data.derm.prepare_dermoscopy); when
+no data root is given the embedded synthetic federation is generated and prepared on first use,
+cached and shared by all sites of the machine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from prrfl.data.augment import DermAugment, normalize
+from prrfl.data.derm import ensure_synthetic_federation, load_split
+from prrfl.metrics import classification_metrics
+from prrfl.models import SlimVGG16BN
+from prrfl.tasks.base import SiteData, Split, Task
+
+DEFAULT_DATA: dict[str, Any] = {
+    "image_size": 64,  # the paper: 128
+    "synthetic_scale": 0.08,  # fraction of the Table I sizes; 1.0 = full size
+    "synthetic_seed": 0,
+    "synthetic_raw_size": [300, 225],  # JPEG size written by the generator (HAM10000: 600x450)
+    "split_seed": 0,
+    "group_by": "image",  # "lesion": keep all images of a lesion in one split
+}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("PRRFL_CACHE", Path.home() / ".cache" / "prrfl"))
+
+
+class DermTask(Task):
+    name = "derm"
+    num_classes = 3
+    class_names = ("nv", "bkl", "mel")
+    site_names = ("A", "B", "C", "D")
+    ood_cohort = "OOD"
+    primary_metric = "f1"
+    classifier_key = SlimVGG16BN.classifier_key
+
+    def __init__(self, data_cfg: dict[str, Any]):
+        unknown = sorted(set(data_cfg) - set(DEFAULT_DATA))
+        if unknown:
+            raise ValueError(f"unknown derm data option(s) {unknown}; expected some of {sorted(DEFAULT_DATA)}")
+        super().__init__({**DEFAULT_DATA, **data_cfg})
+        self.augment = DermAugment()
+
+    def build_model(self) -> torch.nn.Module:
+        return SlimVGG16BN(num_classes=self.num_classes)
+
+    def prepared_root(self, data_root: str | None) -> Path:
+        """A site's prepared data: its own root, or the shared synthetic federation."""
+        if data_root:
+            root = Path(data_root)
+            if not (root / "manifest.json").exists():
+                raise FileNotFoundError(
+                    f"data root {root} has no manifest.json: prepare the raw data first "
+                    "(python -m prrfl.data.derm prepare --raw <raw> --out <root>)"
+                )
+            return root
+        d = self.data_cfg
+        return Path(
+            ensure_synthetic_federation(
+                default_cache_dir(),
+                scale=d["synthetic_scale"],
+                seed=d["synthetic_seed"],
+                raw_size=tuple(d["synthetic_raw_size"]),
+                size=d["image_size"],
+                split_seed=d["split_seed"],
+                group_by=d["group_by"],
+            )
+        )
+
+    def load_site(self, cohort: str, device: torch.device, data_root: str | None) -> SiteData:
+        root = self.prepared_root(data_root)
+        splits = {}
+        for name in ("train", "valid", "test"):
+            s = load_split(root, cohort, name)
+            if s.images.shape[-1] != self.data_cfg["image_size"]:
+                raise ValueError(
+                    f"{root}/{cohort}/{name}.npz holds {s.images.shape[-1]} px images but the job asks for "
+                    f"image_size={self.data_cfg['image_size']}"
+                )
+            splits[name] = Split(images=s.images.to(device), labels=s.labels.to(device))
+        return SiteData(cohort=cohort, num_classes=self.num_classes, **splits)
+
+    def train_inputs(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return self.augment(images, generator)
+
+    def eval_inputs(self, images: torch.Tensor) -> torch.Tensor:
+        return normalize(images)
+
+    def metrics(self, probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        return classification_metrics(probs, labels, self.num_classes)
