@@ -37,7 +37,7 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
     device = torch.device(local.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":
         torch.set_num_threads(local.num_threads or max(1, (os.cpu_count() or 1) // max(1, meta.get(P.NUM_SITES, 1))))
-    cohort = local.cohort or task.cohort_of(site, cfg.data.get("site_map"))
+    cohort = local.cohort or task.cohort_of(site)
     data = task.load_site(cohort, device, local.data_root)
     torch.manual_seed(seed_for(cfg.seed, site))
     models = {role: task.build_model().to(device) for role in method.roles}

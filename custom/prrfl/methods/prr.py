@@ -86,12 +86,17 @@ class PRR(Method):
             )
         else:
             r, mixed = 0.0, states  # PFA off: each deputy keeps its own weights
-        generator = server.setdefault("proto_generator", torch.Generator().manual_seed(self.cfg.seed + 7919))
+        generator = torch.Generator()
+        if "proto_rng" in server:  # continue the persisted stream: a resumed server samples the same prototypes
+            generator.set_state(server["proto_rng"])
+        else:
+            generator.manual_seed(self.cfg.seed + 7919)
         site_protos = torch.stack([torch.as_tensor(u.meta["prototypes"], dtype=torch.float64) for u in uploads])
         present = torch.stack([torch.as_tensor(u.meta["prototype_present"], dtype=torch.bool) for u in uploads])
         global_protos, global_present = prototypes.sample_global_prototypes(
             site_protos, site_present=present, generator=generator, std=o["proto_std"], std_floor=o["proto_std_floor"]
         )
+        server["proto_rng"] = generator.get_state()
         meta = {
             "pfa_r": r,
             "global_prototypes": global_protos.tolist(),

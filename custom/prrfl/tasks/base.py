@@ -72,11 +72,10 @@ class Task:
     def metrics(self, probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
         raise NotImplementedError
 
-    def cohort_of(self, site_name: str, site_map: dict[str, str] | None = None) -> str:
-        """FLARE site name -> cohort: an explicit map, the cohort's own name, or site-N -> N-th cohort."""
-        if site_map and site_name in site_map:
-            cohort = site_map[site_name]
-        elif site_name in self.site_names:
+    def cohort_of(self, site_name: str) -> str:
+        """FLARE site name -> cohort: the cohort's own name, or site-N -> N-th cohort. (A site named
+        otherwise states its cohort in its local config.)"""
+        if site_name in self.site_names:
             cohort = site_name
         elif site_name.startswith("site-") and site_name[5:].isdigit() and 1 <= int(site_name[5:]) <= len(self.site_names):
             cohort = self.site_names[int(site_name[5:]) - 1]

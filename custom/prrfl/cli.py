@@ -1,0 +1,76 @@
+"""`prrfl` command line: job folders and results."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from prrfl.storage import load_json
+
+
+def _jobs_export(args: argparse.Namespace) -> int:
+    from prrfl.flare.jobs import JOBS, export_job
+
+    for name in args.names or sorted(JOBS):
+        print(export_job(name, args.out, bundle=args.bundle))
+    return 0
+
+
+def _jobs_check(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from prrfl.flare.jobs import JOBS, export_job, job_files
+
+    stale = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in sorted(JOBS):
+            if job_files(export_job(name, tmp)) != job_files(Path(args.dir) / name):
+                stale.append(name)
+    if stale:
+        print(f"out of date: {stale}; run `prrfl jobs export`", file=sys.stderr)
+        return 1
+    print(f"{len(JOBS)} job folders match the code")
+    return 0
+
+
+def _results(args: argparse.Namespace) -> int:
+    """Per-site table from a workspace: the server's results.json, else the sites' own files."""
+    from prrfl.report import results_table
+
+    for ws in args.workspaces:
+        ws = Path(ws)
+        server = sorted(ws.glob("server/**/results.json"))
+        if server:
+            summaries = load_json(server[-1])["sites"]
+        else:
+            site_files = sorted(ws.glob("*/prrfl/*/results.json"))
+            if not site_files:
+                print(f"{ws}: no results.json found", file=sys.stderr)
+                return 1
+            summaries = {r["site"]: r for r in map(load_json, site_files)}
+        print(f"## {ws}\n\n{results_table(summaries)}\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prrfl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    jobs = sub.add_parser("jobs", help="FLARE job folders").add_subparsers(dest="action", required=True)
+    export = jobs.add_parser("export", help="write the job folders from the code")
+    export.add_argument("names", nargs="*", help="jobs to export (default: all)")
+    export.add_argument("--out", default="jobs")
+    export.add_argument("--bundle", action="store_true", help="copy the prrfl package into each job's custom/")
+    export.set_defaults(func=_jobs_export)
+    check = jobs.add_parser("check", help="fail if the committed job folders differ from the code")
+    check.add_argument("--dir", default="jobs")
+    check.set_defaults(func=_jobs_check)
+    results = sub.add_parser("results", help="per-site F1/AUC table of finished runs")
+    results.add_argument("workspaces", nargs="+")
+    results.set_defaults(func=_results)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""derm_prr end to end in the FLARE simulator: 2 sites, 2 rounds, tiny synthetic images."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from prrfl.flare.jobs import export_job, job_config
+from prrfl.config import RunConfig
+
+pytestmark = pytest.mark.e2e
+
+TINY_DATA = {"image_size": 32, "synthetic_scale": 0.02, "synthetic_raw_size": [96, 72]}
+
+
+def run_simulator(job: Path, workspace: Path, sites: int, cache: Path) -> subprocess.CompletedProcess:
+    nvflare = Path(sys.executable).parent / "nvflare"
+    env = {**os.environ, "PRRFL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+    cmd = [str(nvflare), "simulator", str(job), "-w", str(workspace), "-n", str(sites), "-t", str(sites)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    cfg = RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_DATA})
+    job = export_job("derm_prr", root / "jobs", cfg=cfg)
+    proc = run_simulator(job, root / "ws", sites=2, cache=root / "cache")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return root / "ws", proc
+
+
+def test_sites_and_server_write_results(finished_run):
+    ws, proc = finished_run
+    server = json.loads((ws / "server/simulate_job/results.json").read_text())
+    assert sorted(server["sites"]) == ["site-1", "site-2"]
+    for site in ("site-1", "site-2"):
+        results = json.loads((ws / site / "prrfl/derm_prr/results.json").read_text())
+        assert results["rounds_completed"] == 2 and results["cohort"] == {"site-1": "A", "site-2": "B"}[site]
+        assert 0 <= results["best"]["test"]["f1"] <= 100
+        assert server["sites"][site]["best"] == results["best"]
+        assert (ws / site / "prrfl/derm_prr/site_state.pt").exists()
+    assert "| **mean** |" in proc.stdout + proc.stderr  # the job prints the per-site table
+
+
+def test_each_site_gets_its_own_pfa_download(finished_run):
+    ws, _ = finished_run
+    state = torch.load(ws / "server/prrfl/derm_prr/server_state.pt", weights_only=False)
+    assert state["next_round"] == 2
+    one, two = state["downloads"]["site-1"].params, state["downloads"]["site-2"].params
+    assert set(one) == set(two) and not any("bn" in k for k in one)  # BN stays at the sites
+    assert any(not torch.equal(one[k], two[k]) for k in one)  # personalised: not one global model
+    assert state["downloads"]["site-1"].meta["pfa_r"] == pytest.approx(0.48)  # last round of 2
+
+
+def test_tensorboard_events_for_every_site(finished_run):
+    ws, _ = finished_run
+    for site in ("site-1", "site-2"):
+        files = list((ws / "server/simulate_job/tb_events" / site).glob("events.out.tfevents.*"))
+        assert files, f"no TensorBoard events for {site}"
+        acc = EventAccumulator(str(files[0].parent))
+        acc.Reload()
+        tags = set(acc.Tags()["scalars"])
+        for expected in ("loss/personal", "loss/deputy", "det/phase", "pfa/r", "valid/f1", "test/auc", "cpa/gamma_mel"):
+            assert any(t.endswith(expected) for t in tags), (expected, sorted(tags))

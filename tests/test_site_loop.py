@@ -1,0 +1,127 @@
+"""The shared site loop with PRR on a tiny task: downloads, DET, checkpoints, determinism."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from conftest import as_numpy, make_runtime
+from prrfl.methods.base import Download
+from prrfl.site.trainer import run_round
+
+COUNTS = [20, 20, 20]
+
+
+def initial_download(task) -> Download:
+    torch.manual_seed(0)
+    return Download(params=task.build_model().state_dict(), meta={"round": 0, "global_class_counts": COUNTS})
+
+
+def next_download(upload, round_idx: int, shift: float = 0.0) -> Download:
+    params = {k: v + shift if v.is_floating_point() else v for k, v in upload.params.items()}
+    protos = upload.meta["prototypes"]
+    return Download(
+        params=params,
+        meta={
+            "round": round_idx,
+            "global_class_counts": COUNTS,
+            "pfa_r": 0.4,
+            "global_prototypes": protos,
+            "global_prototype_present": upload.meta["prototype_present"],
+        },
+    )
+
+
+def test_first_round_starts_both_models_from_the_download_and_uploads_the_deputy(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path)
+    download = initial_download(tiny_task)
+    upload = run_round(site, download, 0)
+    bn_keys = {k for k in download.params if k.startswith("bn.")}
+    assert set(upload.params) == set(download.params) - bn_keys  # BN never leaves the site
+    deputy = site.models["deputy"].state_dict()
+    assert all(torch.equal(upload.params[k], deputy[k]) for k in upload.params)
+    assert not torch.equal(site.models["personal"].fc2.weight, site.models["deputy"].fc2.weight)
+    assert np.array(upload.meta["prototypes"]).shape == (3, 8)
+    assert upload.class_counts == [10, 10, 10] and upload.num_train == 30
+
+
+def test_download_overwrites_only_the_deputys_shared_weights(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path)
+    upload = run_round(site, initial_download(tiny_task), 0)
+    personal_before = as_numpy(site.models["personal"].state_dict())
+    deputy_bn_before = as_numpy({k: v for k, v in site.models["deputy"].state_dict().items() if k.startswith("bn.")})
+    download = next_download(upload, 1, shift=0.5)
+    site.method.on_download(site, download, first=False)
+    deputy = site.models["deputy"].state_dict()
+    for key, value in download.params.items():
+        assert torch.equal(deputy[key], value)
+    for key, value in deputy_bn_before.items():
+        np.testing.assert_array_equal(deputy[key].numpy(), value)
+    for key, value in site.models["personal"].state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), personal_before[key])  # P is never overwritten
+    assert site.memory["phase"] is None  # DET restarts at the download
+
+
+def test_every_round_opens_in_recover_and_logs_the_expected_scalars(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path)
+    upload = run_round(site, initial_download(tiny_task), 0)
+    run_round(site, next_download(upload, 1), 1)
+    phases = {step: value for tag, value, step in site.scalars if tag == "det/phase"}
+    assert phases[0] == 1 and phases[2] == 1  # first epoch of rounds 0 and 1 (2 local epochs per round)
+    assert set(phases.values()) <= {1, 2, 3}
+    tags = {tag for tag, _, _ in site.scalars}
+    for expected in ("loss/personal", "loss/deputy", "cpa/gamma_a", "valid/f1", "test/auc", "pfa/r", "epoch_test/f1"):
+        assert expected in tags
+    gammas = [value for tag, value, step in site.scalars if tag.startswith("cpa/gamma") and step >= 2]
+    assert any(g != 1.0 for g in gammas)  # prototypes refine the loss once a global prototype arrived
+
+
+def test_checkpoint_resume_reproduces_an_uninterrupted_run(tiny_task, tmp_path):
+    straight = make_runtime(tiny_task, tmp_path / "straight")
+    up0 = run_round(straight, initial_download(tiny_task), 0)
+    up1 = run_round(straight, next_download(up0, 1), 1)
+
+    first = make_runtime(tiny_task, tmp_path / "restarted")
+    up0_b = run_round(first, initial_download(tiny_task), 0)
+    restarted = make_runtime(tiny_task, tmp_path / "restarted")  # a new process: fresh objects
+    assert restarted.restore() and restarted.round_idx == 0
+    up1_b = run_round(restarted, next_download(up0_b, 1), 1)
+    for key in up1.params:
+        torch.testing.assert_close(up1.params[key], up1_b.params[key], rtol=0, atol=0)
+    assert restarted.history[-1] == straight.history[-1]
+
+
+def test_a_checkpoint_of_another_run_is_ignored(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path, run_id="old")
+    run_round(site, initial_download(tiny_task), 0)
+    other = make_runtime(tiny_task, tmp_path, run_id="new")
+    assert not other.restore() and other.round_idx == -1
+
+
+def test_results_and_best_model_are_written(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path)
+    upload = run_round(site, initial_download(tiny_task), 0)
+    run_round(site, next_download(upload, 1), 1)
+    results = json.loads((site.state_dir / "results.json").read_text())
+    assert results["rounds_completed"] == 2 and results["best"]["round"] in (0, 1)
+    assert {"f1", "auc"} <= set(results["best"]["test"])
+    kinds = [h["kind"] for h in results["history"]]
+    assert kinds.count("round") == 2 and kinds.count("epoch") == 4
+    assert (site.state_dir / "best_personal.pt").exists()
+
+
+def test_training_learns_the_tiny_task(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path, local_epochs=12, lr=0.2)
+    upload = run_round(site, initial_download(tiny_task), 0)
+    assert site.evaluate("personal", "train")["f1"] > 80
+    assert isinstance(upload.num_train, int)
+
+
+def test_same_seed_same_numbers(tiny_task, tmp_path):
+    a = make_runtime(tiny_task, tmp_path / "a")
+    b = make_runtime(tiny_task, tmp_path / "b")
+    ua, ub = run_round(a, initial_download(tiny_task), 0), run_round(b, initial_download(tiny_task), 0)
+    assert all(torch.equal(ua.params[k], ub.params[k]) for k in ua.params)
+    assert a.history == b.history
