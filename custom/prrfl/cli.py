@@ -3,17 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from prrfl.storage import load_json
 
 
+def apply_overrides(values: dict, assignments: list[str]) -> dict:
+    """KEY=VALUE settings into a config dict; dotted keys reach nested dicts (data.image_size=128),
+    values are JSON when they parse (numbers, true, lists), strings otherwise."""
+    values = json.loads(json.dumps(values))
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        *parents, leaf = key.split(".")
+        node = values
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return values
+
+
 def _jobs_export(args: argparse.Namespace) -> int:
-    from prrfl.flare.jobs import JOBS, export_job
+    from prrfl.config import RunConfig
+    from prrfl.flare.jobs import JOBS, export_job, job_config
 
     for name in args.names or sorted(JOBS):
-        print(export_job(name, args.out, bundle=args.bundle))
+        cfg = RunConfig.from_dict(apply_overrides(job_config(name).to_dict(), args.set))
+        print(export_job(name, args.out, cfg=cfg, bundle=args.bundle))
     return 0
 
 
@@ -61,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("names", nargs="*", help="jobs to export (default: all)")
     export.add_argument("--out", default="jobs")
     export.add_argument("--bundle", action="store_true", help="copy the prrfl package into each job's custom/")
+    export.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     export.set_defaults(func=_jobs_export)
     check = jobs.add_parser("check", help="fail if the committed job folders differ from the code")
     check.add_argument("--dir", default="jobs")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import torch
 
@@ -17,6 +18,8 @@ log = logging.getLogger(__name__)
 def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     """One communication round at a site: download, E local epochs, evaluation, checkpoint, upload."""
     cfg, method = site.cfg, site.method
+    started = time.perf_counter()
+    train_seconds = 0.0
     method.on_download(site, download, first=site.round_idx < 0)
     for epoch in range(cfg.local_epochs):
         step = round_idx * cfg.local_epochs + epoch  # global epoch index: the x axis of every curve
@@ -24,7 +27,9 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
             for group in opt.param_groups:
                 group["lr"] = cfg.lr_at(step)
         method.before_epoch(site, epoch)
+        tick = time.perf_counter()
         losses = train_epoch(site)
+        train_seconds += _synchronized(site.device) - tick
         method.after_epoch(site, epoch)
         for role, value in losses.items():
             site.log_scalar(f"loss/{role}", value, step)
@@ -33,7 +38,14 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
             test = site.evaluate(method.eval_role, "test")
             site.history.append({"kind": "epoch", "round": round_idx, "epoch": step, "test": test})
             site.log_scalar(f"epoch_test/{site.task.primary_metric}", test[site.task.primary_metric], step)
-    record_round(site, round_idx)
+    images = site.data.num_train * cfg.local_epochs * len(method.roles)
+    timing = {
+        "round_seconds": time.perf_counter() - started,
+        "train_seconds": train_seconds,
+        "train_images_per_second": images / train_seconds if train_seconds > 0 else math.nan,  # all models counted
+    }
+    site.log_scalar("speed/train_images_per_second", timing["train_images_per_second"], round_idx)
+    record_round(site, round_idx, timing)
     site.round_idx = round_idx
     upload = method.upload(site)
     site.save()
@@ -73,7 +85,13 @@ def train_epoch(site: SiteRuntime) -> dict[str, float]:
     return {role: total / max(n, 1) for role, total in totals.items()}
 
 
-def record_round(site: SiteRuntime, round_idx: int) -> None:
+def _synchronized(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def record_round(site: SiteRuntime, round_idx: int, timing: dict[str, float]) -> None:
     """Evaluate the site's reported model on valid and test; keep the best on validation."""
     role, metric = site.method.eval_role, site.task.primary_metric
     valid = site.evaluate(role, "valid")
@@ -82,7 +100,7 @@ def record_round(site: SiteRuntime, round_idx: int) -> None:
     for split, values in (("valid", valid), ("test", test)):
         for name, value in values.items():
             site.log_scalar(f"{split}/{name}", value, step)
-    site.history.append({"kind": "round", "round": round_idx, "epoch": step, "valid": valid, "test": test})
+    site.history.append({"kind": "round", "round": round_idx, "epoch": step, "valid": valid, "test": test, "timing": timing})
     score = valid[metric]
     eligible = round_idx >= site.cfg.select_from_round and not math.isnan(score)
     if eligible and (site.best is None or score > site.best["valid"][metric]):

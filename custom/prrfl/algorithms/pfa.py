@@ -1,0 +1,319 @@
+"""Progressive Fourier Aggregation (PFA), the server side of PRR (TMI 2022, Sec. III-D).
+
+Every shared weight tensor is seen as a 2-D matrix, moved to the frequency domain (FFT, fftshift),
+and inside a centred low-frequency box the sites' amplitude and phase are replaced by their
+(weighted) average; outside the box every site keeps its own spectrum. The inverse FFT's real part
+is the site's new weight, so there is one output per site and no single global model. The box
+grows over the rounds (`pfa_threshold`), sharing more of the spectrum as training settles.
+
+Choices pinned here (REFERENCE_NOTES Sec. 1):
+* the box on an axis of length n is [n//2 - b, n//2 + b) with b = floor(r*n): asymmetric, as in
+  the authors' code, so r must lie in [0, 0.5];
+* the phase is averaged arithmetically (the +-pi wrap is ignored), as in both paper and code; with
+  the asymmetric box this makes the spectrum non-Hermitian, hence the explicit real part;
+* the last classifier layer is mixed row by row (1-D FFT per class row, TMI); the MICCAI PRR-FL
+  variant mixes it as a matrix (`classifier_rowwise=False`) and averages amplitude only
+  (`components="amplitude"`);
+* BatchNorm parameters and buffers never leave a site's own result (FedBN style); 1-D float
+  tensors that are not BN (biases) get a plain weighted average, as the authors' FedAvg branch.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal
+
+import torch
+from torch import nn
+
+StateDict = Mapping[str, torch.Tensor]
+Components = Literal["amplitude_phase", "amplitude"]
+ConvLayout = Literal["paper", "authors"]
+Schedule = Literal["paper", "authors"]
+Skip = Callable[[str], bool] | Iterable[str] | None
+
+COMPONENTS: tuple[str, ...] = ("amplitude_phase", "amplitude")
+CONV_LAYOUTS: tuple[str, ...] = ("paper", "authors")
+SCHEDULES: tuple[str, ...] = ("paper", "authors")
+AUTHORS_R1 = 0.475  # hard-coded end of the authors' schedule (their 0.95 = 2 * r1)
+
+_BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+# "bn", "bn1", "fc1_bn", ... as a name part; the authors' bare substring test would also hit "subnet"
+_BN_NAME = re.compile(r"(?:^|[._])bn\d*(?:[._]|$)")
+_BATCHNORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+# ----- schedule ------------------------------------------------------------------------------
+def pfa_threshold(
+    round_idx: int, num_rounds: int, r0: float = 0.35, r1: float = 0.48, schedule: Schedule = "paper"
+) -> float:
+    """Box half-width r for round `round_idx` (0-based) of `num_rounds`.
+
+    paper:   linear from r0 at the first round to r1 at the last one (r0 when there is one round).
+    authors: r0 + (t / num_rounds) * (0.475 - r0), so the hard-coded end 0.475 is never reached
+             (0.4725 at round 49 of 50); only r0 is configurable there, `r1` is not used.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if num_rounds < 1 or not 0 <= round_idx < num_rounds:
+        raise ValueError(f"need 0 <= round_idx < num_rounds, got round_idx={round_idx}, num_rounds={num_rounds}")
+    for name, value in (("r0", r0), ("r1", r1)):
+        _check_r(value, name)
+    if schedule == "authors":
+        return r0 + round_idx / num_rounds * (AUTHORS_R1 - r0)
+    if num_rounds == 1:
+        return r0
+    return r0 + round_idx / (num_rounds - 1) * (r1 - r0)
+
+
+def _check_r(r: float, name: str = "r") -> None:
+    if not 0.0 <= r <= 0.5:  # b = floor(r*n) <= n//2 keeps the box inside the matrix
+        raise ValueError(f"{name} must lie in [0, 0.5], got {r}")
+
+
+# ----- the spectral mix ------------------------------------------------------------------------
+def low_frequency_band(n: int, r: float) -> slice:
+    """Centred band [n//2 - b, n//2 + b), b = floor(r*n), of an fftshift-ed axis of length n."""
+    _check_r(r)
+    b = math.floor(r * n + 1e-9)  # the tolerance keeps e.g. 0.29*100 from flooring to 28
+    c = n // 2
+    return slice(c - b, c + b)
+
+
+def low_frequency_box(shape: Sequence[int], r: float) -> tuple[slice, ...]:
+    """Row band x column band (one band per axis) of a centred spectrum of `shape`."""
+    return tuple(low_frequency_band(n, r) for n in shape)
+
+
+def mix_spectrum(
+    stack: torch.Tensor,
+    r: float,
+    weights: Sequence[float] | torch.Tensor | None = None,
+    components: Components = "amplitude_phase",
+    ndim: int = 2,
+) -> torch.Tensor:
+    """Per-site centred spectra after the PFA mix, in the precision of `stack`.
+
+    stack [K, *batch, *signal]: K sites' real tensors; the FFT runs over the last `ndim` axes
+    (2 for a matrix; 1 for the row-wise classifier, whose rows are then the batch axes).
+    Returns complex [K, *batch, *signal], fftshift-ed: inside the low-frequency box every site holds
+    the weighted average amplitude (and, for "amplitude_phase", phase); outside, its own spectrum.
+    """
+    if components not in COMPONENTS:
+        raise ValueError(f"components must be one of {COMPONENTS}, got {components!r}")
+    if not 1 <= ndim < stack.ndim:
+        raise ValueError(f"ndim must be in [1, {stack.ndim - 1}] for a stack of shape {tuple(stack.shape)}")
+    w = normalised_weights(weights, stack.shape[0]).to(stack.device, stack.real.dtype)
+    dims = tuple(range(-ndim, 0))
+    spectra = torch.fft.fftshift(torch.fft.fftn(stack, dim=dims), dim=dims)
+    box = (..., *low_frequency_box(stack.shape[-ndim:], r))
+    inside = spectra[box]
+    amplitude = torch.tensordot(w, inside.abs(), dims=1)
+    if components == "amplitude_phase":
+        phase = torch.tensordot(w, inside.angle(), dims=1)  # arithmetic mean, as paper and code
+        spectra[box] = torch.polar(amplitude, phase)  # broadcast: the same value at every site
+    else:
+        spectra[box] = torch.polar(amplitude.expand(inside.shape), inside.angle())
+    return spectra
+
+
+def fourier_mix(
+    stack: torch.Tensor,
+    r: float,
+    weights: Sequence[float] | torch.Tensor | None = None,
+    components: Components = "amplitude_phase",
+    ndim: int = 2,
+) -> torch.Tensor:
+    """PFA of a stack of real tensors [K, ...]: the real part of the inverse of `mix_spectrum`."""
+    dims = tuple(range(-ndim, 0))
+    spectra = mix_spectrum(stack, r, weights, components, ndim)
+    return torch.fft.ifftn(torch.fft.ifftshift(spectra, dim=dims), dim=dims).real
+
+
+def normalised_weights(weights: Sequence[float] | torch.Tensor | None, num_sites: int) -> torch.Tensor:
+    """Site weights summing to 1 (float64); None means uniform, as the authors' hard-coded 1/K."""
+    if num_sites < 1:
+        raise ValueError("need at least one site")
+    if weights is None:
+        return torch.full((num_sites,), 1.0 / num_sites, dtype=torch.float64)
+    w = torch.as_tensor(weights, dtype=torch.float64).detach().cpu()
+    if w.shape != (num_sites,):
+        raise ValueError(f"need one weight per site ({num_sites}), got shape {tuple(w.shape)}")
+    if not torch.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"weights must be finite, non-negative and not all zero, got {w.tolist()}")
+    return w / w.sum()
+
+
+# ----- conv weights as matrices ----------------------------------------------------------------
+def conv_to_matrix(weight: torch.Tensor, layout: ConvLayout = "paper") -> torch.Tensor:
+    """Conv weight [..., out, in, kh, kw] as a matrix [..., rows, cols] (leading axes are batch).
+
+    paper:   (out*kh) x (in*kw); element (n, c, i, j) goes to row n*kh + i, column c*kw + j.
+    authors: (in*kh) x (kw*out); element (n, c, i, j) goes to row c*kh + i, column j*out + n.
+    """
+    if weight.ndim < 4:
+        raise ValueError(f"a conv weight needs 4 trailing axes (out, in, kh, kw), got shape {tuple(weight.shape)}")
+    *lead, n_out, n_in, kh, kw = weight.shape
+    if layout == "paper":
+        return weight.transpose(-3, -2).reshape(*lead, n_out * kh, n_in * kw)
+    if layout == "authors":
+        return weight.movedim(-4, -1).reshape(*lead, n_in * kh, kw * n_out)
+    raise ValueError(f"conv_layout must be one of {CONV_LAYOUTS}, got {layout!r}")
+
+
+def matrix_to_conv(matrix: torch.Tensor, shape: Sequence[int], layout: ConvLayout = "paper") -> torch.Tensor:
+    """Exact inverse of `conv_to_matrix` for a conv weight whose last four axes are `shape`."""
+    n_out, n_in, kh, kw = shape[-4:]
+    lead = matrix.shape[:-2]
+    if layout == "paper":
+        return matrix.reshape(*lead, n_out, kh, n_in, kw).transpose(-3, -2)
+    if layout == "authors":
+        return matrix.reshape(*lead, n_in, kh, kw, n_out).movedim(-1, -4)
+    raise ValueError(f"conv_layout must be one of {CONV_LAYOUTS}, got {layout!r}")
+
+
+# ----- which keys stay at the site ---------------------------------------------------------------
+def batchnorm_keys(module: nn.Module) -> set[str]:
+    """State-dict keys of every BatchNorm layer of `module` (parameters and buffers)."""
+    keys = set()
+    for name, sub in module.named_modules():
+        if isinstance(sub, _BATCHNORM_TYPES):
+            prefix = f"{name}." if name else ""
+            keys.update(prefix + k for k in sub.state_dict())
+    return keys
+
+
+def guess_batchnorm_keys(keys: Iterable[str]) -> set[str]:
+    """BatchNorm keys found from names alone (state dicts carry no layer types).
+
+    A key is BN when a name part is bn/bnN (e.g. "layer1.bn1.weight", "fc1_bn.bias"), when it is a
+    running_mean / running_var / num_batches_tracked buffer, or when it is the weight or bias next
+    to a running_mean (e.g. torchvision's "downsample.1.weight"). Prefer `batchnorm_keys(model)`.
+    """
+    keys = list(keys)
+    bn_layers = {k.rpartition(".")[0] for k in keys if k.rpartition(".")[2] == "running_mean"}
+    found = set()
+    for key in keys:
+        layer, _, leaf = key.rpartition(".")
+        if _BN_NAME.search(key) or leaf in _BN_BUFFERS or (layer in bn_layers and leaf in ("weight", "bias")):
+            found.add(key)
+    return found
+
+
+def _skip_rule(skip: Skip) -> Callable[[str], bool]:
+    """A predicate from a callable, or from fnmatch patterns (a plain key matches itself)."""
+    if skip is None:
+        return lambda key: False
+    if callable(skip):
+        return skip
+    patterns = [skip] if isinstance(skip, str) else list(skip)
+    return lambda key: any(fnmatch.fnmatchcase(key, p) for p in patterns)
+
+
+# ----- aggregation ---------------------------------------------------------------------------------
+def pfa_aggregate(
+    site_states: Sequence[StateDict],
+    r: float,
+    *,
+    weights: Sequence[float] | torch.Tensor | None = None,
+    components: Components = "amplitude_phase",
+    conv_layout: ConvLayout = "paper",
+    classifier_key: str | None = None,
+    classifier_rowwise: bool = True,
+    bn_keys: Iterable[str] | None = None,
+    skip: Skip = None,
+) -> list[dict[str, torch.Tensor]]:
+    """PFA of K sites' state dicts (same keys and shapes) -> K new state dicts, one per site.
+
+    Per key, in this order:
+      BN key (`bn_keys`, else `guess_batchnorm_keys`), `skip` match, or non-float tensor
+                      -> the site's own tensor (cloned);
+      classifier      -> row-wise 1-D mix (`classifier_rowwise`; the key is `classifier_key`, by
+                         default the last 2-D float tensor that is not kept locally); a named
+                         conv classifier (e.g. 1x1) is mixed as the rows of [out, in*kh*kw];
+      0-/1-D float    -> weighted average, the same at every site;
+      2-D float       -> matrix mix;  4-D float -> conv, mixed as a matrix in `conv_layout`;
+      other ranks     -> ValueError (name the key in `skip`).
+    `weights`: per-site weights (e.g. training-set sizes), normalised; None = uniform.
+    Computation runs in float64 on the first site's device; each output keeps its input's dtype
+    and device. Inputs are not modified and outputs share no memory with them.
+    """
+    keys = _check_states(site_states)
+    _check_r(r)
+    if conv_layout not in CONV_LAYOUTS:
+        raise ValueError(f"conv_layout must be one of {CONV_LAYOUTS}, got {conv_layout!r}")
+    w = normalised_weights(weights, len(site_states))
+    is_skipped = _skip_rule(skip)
+    local = set(guess_batchnorm_keys(keys) if bn_keys is None else bn_keys)
+    first = site_states[0]
+    mixed_keys = [k for k in keys if k not in local and not is_skipped(k) and first[k].is_floating_point()]
+    rowwise = _classifier(classifier_key, keys, mixed_keys, first) if classifier_rowwise else None
+
+    outputs: list[dict[str, torch.Tensor]] = [{} for _ in site_states]
+    for key in keys:
+        tensors = [state[key] for state in site_states]
+        if key in mixed_keys:
+            new = _mix_key(key, tensors, r, w, components, conv_layout, rowwise=key == rowwise)
+        else:
+            new = [t.detach().clone() for t in tensors]
+        for out, tensor in zip(outputs, new):
+            out[key] = tensor
+    return outputs
+
+
+def _check_states(site_states: Sequence[StateDict]) -> list[str]:
+    """The common key list; ValueError on missing sites, differing keys or differing shapes."""
+    if not site_states:
+        raise ValueError("pfa_aggregate needs at least one site state dict")
+    keys = list(site_states[0])
+    for k, state in enumerate(site_states[1:], start=1):
+        if set(state) != set(keys):
+            diff = sorted(set(state) ^ set(keys))
+            raise ValueError(f"site {k} state dict keys differ from site 0's: {diff[:5]}")
+        for key in keys:
+            if state[key].shape != site_states[0][key].shape:
+                raise ValueError(
+                    f"{key}: shape {tuple(state[key].shape)} at site {k} "
+                    f"differs from {tuple(site_states[0][key].shape)} at site 0"
+                )
+    return keys
+
+
+def _classifier(classifier_key: str | None, keys: list[str], mixed_keys: list[str], first: StateDict) -> str | None:
+    """The key mixed row by row: the named one, or the last 2-D mixed tensor (None if there is none)."""
+    if classifier_key is None:
+        return next((k for k in reversed(mixed_keys) if first[k].ndim == 2), None)
+    if classifier_key not in keys:
+        raise ValueError(f"classifier_key {classifier_key!r} is not in the state dicts")
+    if first[classifier_key].ndim < 2:
+        raise ValueError(f"classifier_key {classifier_key!r} has shape {tuple(first[classifier_key].shape)}; need >= 2-D")
+    return classifier_key  # a key kept locally (BN/skip) is simply never mixed
+
+
+def _mix_key(
+    key: str,
+    tensors: list[torch.Tensor],
+    r: float,
+    w: torch.Tensor,
+    components: Components,
+    conv_layout: ConvLayout,
+    rowwise: bool,
+) -> list[torch.Tensor]:
+    """One key's per-site results, each cast back to its input's dtype and device."""
+    stack = torch.stack([t.detach().to(tensors[0].device, torch.float64) for t in tensors])
+    w = w.to(stack.device)
+    if rowwise:
+        mixed = fourier_mix(stack.flatten(2), r, w, components, ndim=1).view_as(stack)
+    elif stack.ndim <= 2:  # scalars and vectors (biases): weighted average
+        mixed = torch.tensordot(w, stack, dims=1).expand_as(stack)
+    elif stack.ndim == 3:
+        mixed = fourier_mix(stack, r, w, components, ndim=2)
+    elif stack.ndim == 5:
+        matrices = conv_to_matrix(stack, conv_layout)
+        mixed = matrix_to_conv(fourier_mix(matrices, r, w, components, ndim=2), stack.shape, conv_layout)
+    else:
+        raise ValueError(f"{key}: no PFA rule for a {stack.ndim - 1}-D tensor; keep it local with `skip`")
+    return [m.to(t.device, t.dtype, copy=True) for m, t in zip(mixed, tensors)]

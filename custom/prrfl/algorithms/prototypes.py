@@ -1,0 +1,94 @@
+"""Class prototypes: per-class mean embeddings at a site, and the server's global prototype.
+
+A site's prototype of class c is the mean embedding (input of the last FC) of its class-c samples.
+Only these [C, D] means and the class counts travel. The server models the global prototype of
+class c as N(mu_c, sigma_c^2) per dimension over the sites' prototypes and sends one sample of it
+(TMI 2022, Sec. III-C); the spread keeps gamma from over-trusting a single federation average.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+StdKind = Literal["biased", "unbiased"]
+STD_KINDS: tuple[str, ...] = ("biased", "unbiased")
+
+
+class PrototypeAccumulator:
+    """Running per-class sums of embeddings, fed batch by batch (no feature is stored).
+
+    Sums are float64 and follow the features' device (moved once, at the first update there).
+    """
+
+    def __init__(self, num_classes: int, dim: int):
+        if num_classes < 1 or dim < 1:
+            raise ValueError(f"need num_classes >= 1 and dim >= 1, got {num_classes} and {dim}")
+        self.sums = torch.zeros(num_classes, dim, dtype=torch.float64)
+        self.counts = torch.zeros(num_classes, dtype=torch.long)
+
+    def update(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        """Add features [N, D] (detached) of samples with class indices labels [N]."""
+        num_classes, dim = self.sums.shape
+        if features.ndim != 2 or features.shape[1] != dim or labels.shape != features.shape[:1]:
+            raise ValueError(f"need features [N, {dim}] and labels [N], got {tuple(features.shape)} and {tuple(labels.shape)}")
+        labels = labels.long()
+        if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
+            raise ValueError(f"labels must lie in [0, {num_classes}), got {labels.min().item()}..{labels.max().item()}")
+        if self.sums.device != features.device:
+            self.sums, self.counts = self.sums.to(features.device), self.counts.to(features.device)
+        self.sums.index_add_(0, labels, features.detach().to(torch.float64))
+        self.counts += torch.bincount(labels, minlength=num_classes)
+
+    def compute(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prototypes [C, D] float64, counts [C] long); an absent class has a zero row and count 0."""
+        return self.sums / self.counts.clamp(min=1)[:, None], self.counts.clone()
+
+
+def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One-shot `PrototypeAccumulator`: (mean embedding per class [C, D] float64, counts [C])."""
+    accumulator = PrototypeAccumulator(num_classes, features.shape[-1])
+    accumulator.update(features, labels)
+    return accumulator.compute()
+
+
+def sample_global_prototypes(
+    site_protos: torch.Tensor,
+    site_present: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    std: StdKind = "biased",
+    std_floor: float = 0.0,
+    sample: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global prototypes [C, D] and which classes have one ([C] bool) from K sites' [K, C, D].
+
+    Per class, over the sites that have it (`site_present` [K, C], default all): mu = mean and
+    sigma = std per dimension, then mu + max(sigma, std_floor) * eps with eps ~ N(0, 1) from
+    `generator` (drawn for every class, so the stream does not depend on which are present).
+    std "biased" divides by the number of sites n (paper), "unbiased" by n - 1 (authors); a class
+    held by a single site has sigma 0 either way, so only the floor adds noise to it. The authors
+    use unbiased with std_floor = 1. A class no site has is flagged absent with a zero row.
+    `sample=False` returns mu (the "avg" global prototype) and draws nothing.
+    """
+    if site_protos.ndim != 3 or not site_protos.is_floating_point():
+        raise ValueError(f"site_protos must be a float [K, C, D] tensor, got {site_protos.dtype} {tuple(site_protos.shape)}")
+    if std not in STD_KINDS:
+        raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
+    if not std_floor >= 0:
+        raise ValueError(f"std_floor must be non-negative, got {std_floor}")
+    if site_present is None:
+        site_present = torch.ones(site_protos.shape[:2], dtype=torch.bool)
+    if site_present.shape != site_protos.shape[:2]:
+        raise ValueError(f"site_present must be [K, C] = {tuple(site_protos.shape[:2])}, got {tuple(site_present.shape)}")
+    has = site_present.to(site_protos.device, torch.bool)[..., None]  # [K, C, 1]
+    n = has.sum(dim=0).to(site_protos.dtype)  # [C, 1] sites per class
+    present = n.squeeze(1) > 0
+    mu = torch.where(has, site_protos, 0.0).sum(dim=0) / n.clamp(min=1)  # where: absent rows may hold NaN
+    if not sample:
+        return mu, present
+    divisor = n if std == "biased" else n - 1
+    sq_dev = torch.where(has, (site_protos - mu) ** 2, 0.0).sum(dim=0)
+    sigma = torch.where(divisor > 0, sq_dev / divisor.clamp(min=1), 0.0).sqrt().clamp(min=std_floor)
+    eps = torch.randn(mu.shape, generator=generator, dtype=mu.dtype, device=mu.device)
+    return torch.where(present[:, None], mu + sigma * eps, 0.0), present
