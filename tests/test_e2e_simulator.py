@@ -24,7 +24,7 @@ def run_simulator(job: Path, workspace: Path, sites: int, cache: Path) -> subpro
     nvflare = Path(sys.executable).parent / "nvflare"
     env = {**os.environ, "PRRFL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
     cmd = [str(nvflare), "simulator", str(job), "-w", str(workspace), "-n", str(sites), "-t", str(sites)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
 
 
 @pytest.fixture(scope="module")

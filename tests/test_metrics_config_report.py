@@ -80,3 +80,14 @@ def test_results_table_reports_best_round_test_metrics_and_the_mean():
     table = results_table(summaries)
     assert "| site-1 | 3 | 70.00 | 90.00 |" in table
     assert "| **mean** | | **65.00** | **85.00** |" in table
+
+
+def test_cli_overrides_reach_nested_fields_and_parse_json():
+    from prrfl.cli import apply_overrides
+
+    base = {"num_rounds": 5, "data": {"image_size": 64}, "method_args": {}}
+    out = apply_overrides(base, ["num_rounds=2", "data.image_size=128", "method_args.det_split=train", "method_args.tau=1.5"])
+    assert out == {"num_rounds": 2, "data": {"image_size": 128}, "method_args": {"det_split": "train", "tau": 1.5}}
+    assert base["data"]["image_size"] == 64  # the input is not modified
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        apply_overrides(base, ["num_rounds"])

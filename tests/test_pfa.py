@@ -368,3 +368,11 @@ def test_unsupported_rank_names_the_key():
         pfa_aggregate(states, 0.3)
     out = pfa_aggregate(states, 0.3, skip=["conv1d.weight"])
     torch.testing.assert_close(out[1]["conv1d.weight"], states[1]["conv1d.weight"])
+
+
+def test_outputs_are_contiguous_for_serialisation():
+    torch.manual_seed(0)
+    states = [{"c.weight": torch.randn(4, 3, 3, 3), "fc.weight": torch.randn(3, 8), "b": torch.randn(3)} for _ in range(2)]
+    for layout in ("paper", "authors"):
+        for out in pfa_aggregate(states, 0.4, conv_layout=layout, classifier_key="fc.weight"):
+            assert all(t.is_contiguous() for t in out.values())

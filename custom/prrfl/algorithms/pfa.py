@@ -239,7 +239,7 @@ def pfa_aggregate(
       other ranks     -> ValueError (name the key in `skip`).
     `weights`: per-site weights (e.g. training-set sizes), normalised; None = uniform.
     Computation runs in float64 on the first site's device; each output keeps its input's dtype
-    and device. Inputs are not modified and outputs share no memory with them.
+    and device. Inputs are not modified; outputs are contiguous and share no memory with them.
     """
     keys = _check_states(site_states)
     _check_r(r)
@@ -316,4 +316,5 @@ def _mix_key(
         mixed = matrix_to_conv(fourier_mix(matrices, r, w, components, ndim=2), stack.shape, conv_layout)
     else:
         raise ValueError(f"{key}: no PFA rule for a {stack.ndim - 1}-D tensor; keep it local with `skip`")
-    return [m.to(t.device, t.dtype, copy=True) for m, t in zip(mixed, tensors)]
+    # contiguous: outputs are serialised per tensor (torch.save / safetensors refuse strided views)
+    return [m.to(t.device, t.dtype, copy=True).contiguous() for m, t in zip(mixed, tensors)]

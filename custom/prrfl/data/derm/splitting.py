@@ -1,0 +1,95 @@
+"""Stratified train/valid/test assignment of one site's images, optionally keeping lesions together.
+
+Rule (per class, so every split keeps the site's class mix): the class's images are grouped into
+units (a lesion's images when grouping by lesion, else single images), shuffled with the seed,
+and units fill `test` until it holds round(f_test * n) images, then `valid` likewise, and the rest
+goes to `train`. Every split with a non-zero fraction gets at least one unit when the class has
+at least as many units as such splits (3 for 7:1:2); a class with fewer units goes entirely into
+train, with a warning (a test set with 1 image of a class measures nothing, a train set without
+it cannot learn it). Counts are exact at image level; with lesion grouping they are as close as
+whole lesions allow. This is scikit-learn's StratifiedShuffleSplit / StratifiedGroupKFold idea,
+written out because those need >= 2 members per class and round differently per split.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from .layout import CLASS_NAMES, SPLITS
+
+log = logging.getLogger(__name__)
+
+
+def _round(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
+    if (
+        len(fractions) != 3
+        or any(f < 0 for f in fractions)
+        or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6)
+        or fractions[0] <= 0
+    ):
+        raise ValueError(
+            f"split fractions must be 3 non-negative numbers (train > 0) summing to 1, got {tuple(fractions)}"
+        )
+    return tuple(float(f) for f in fractions)  # type: ignore[return-value]
+
+
+def stratified_assignment(
+    labels: Sequence[int],
+    fractions: Sequence[float],
+    seed: int,
+    groups: Sequence[str] | None = None,
+    context: str = "",
+) -> tuple[list[str], list[str]]:
+    """Split name per image, and the warnings raised (also logged). `groups[i]` = lesion of image i."""
+    fr = dict(zip(SPLITS, check_fractions(fractions), strict=True))
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        groups = [str(i) for i in range(len(labels))]
+    units: dict[int, dict[str, list[int]]] = defaultdict(dict)
+    group_label: dict[str, int] = {}
+    for i, (y, g) in enumerate(zip(labels, groups, strict=True)):
+        if group_label.setdefault(g, y) != y:
+            both = f"{CLASS_NAMES[group_label[g]]}, {CLASS_NAMES[y]}"
+            raise ValueError(f"{context}: lesion {g} has images of different classes ({both})")
+        units[y].setdefault(g, []).append(i)
+    out = [""] * len(labels)
+    warnings: list[str] = []
+    held_out = [s for s in ("test", "valid") if fr[s] > 0]
+    for y in sorted(units):
+        members = list(units[y].values())
+        order = rng.permutation(len(members))
+        members = [members[i] for i in order]
+        n = sum(len(m) for m in members)
+        if len(members) < len(held_out) + 1:
+            msg = (
+                f"{context}: class {CLASS_NAMES[y]} has only {n} image(s) in {len(members)} unit(s): all put into train"
+            )
+            log.warning(msg)
+            warnings.append(msg)
+            for m in members:
+                for i in m:
+                    out[i] = "train"
+            continue
+        pos = 0
+        for k, s in enumerate(held_out):
+            target = max(1, _round(fr[s] * n))
+            reserve = len(held_out) - k  # units still needed by the later splits and by train
+            taken = 0
+            while pos < len(members) - reserve and (taken == 0 or taken < target):
+                for i in members[pos]:
+                    out[i] = s
+                taken += len(members[pos])
+                pos += 1
+        for m in members[pos:]:
+            for i in m:
+                out[i] = "train"
+    return out, warnings
