@@ -45,6 +45,7 @@ def test_sites_and_server_write_results(finished_run):
         results = json.loads((ws / site / "prrfl/derm_prr/results.json").read_text())
         assert results["rounds_completed"] == 2 and results["cohort"] == {"site-1": "A", "site-2": "B"}[site]
         assert 0 <= results["best"]["test"]["f1"] <= 100
+        assert 0 <= results["ood"]["f1"] <= 100  # best model on the out-of-distribution cohort
         assert server["sites"][site]["best"] == results["best"]
         assert (ws / site / "prrfl/derm_prr/site_state.pt").exists()
     assert "| **mean** |" in proc.stdout + proc.stderr  # the job prints the per-site table

@@ -57,6 +57,17 @@ def _jobs_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_build(args: argparse.Namespace) -> int:
+    """Build a job's embedded synthetic federation ahead of the run, with several processes."""
+    from prrfl.config import RunConfig
+    from prrfl.flare.jobs import job_config
+    from prrfl.registry import build_task
+
+    cfg = RunConfig.from_dict(apply_overrides(job_config(args.job).to_dict(), args.set))
+    print(build_task(cfg).prepared_root(None, workers=args.workers))
+    return 0
+
+
 def _results(args: argparse.Namespace) -> int:
     """Per-site table from a workspace: the server's results.json, else the sites' own files."""
     from prrfl.report import results_table
@@ -89,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     check = jobs.add_parser("check", help="fail if the committed job folders differ from the code")
     check.add_argument("--dir", default="jobs")
     check.set_defaults(func=_jobs_check)
+    data = sub.add_parser("data", help="data sets").add_subparsers(dest="action", required=True)
+    build = data.add_parser("build", help="generate and prepare a job's synthetic federation into the cache")
+    build.add_argument("job")
+    build.add_argument("--workers", type=int, default=1)
+    build.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    build.set_defaults(func=_data_build)
     results = sub.add_parser("results", help="per-site F1/AUC table of finished runs")
     results.add_argument("workspaces", nargs="+")
     results.set_defaults(func=_results)

@@ -57,6 +57,7 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
         optimizers=optimizers,
         generator=torch.Generator().manual_seed(seed_for(cfg.seed, site)),
         run_id=meta[P.RUN_ID],
+        data_root=local.data_root,
         log_scalar=(lambda tag, value, step: writer.add_scalar(tag, float(value), global_step=step)) if writer else (lambda *a: None),
     )
     runtime.restore()
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
             flare.send(flare.FLModel(params={}, meta={"cohort": runtime.data.cohort, "num_train": runtime.data.num_train, "class_counts": runtime.data.class_counts}))
         elif task_name == P.TASK_TRAIN:
             upload = run_round(runtime, P.model_to_download(model), meta[P.ROUND])
-            flare.send(P.upload_to_model(upload, {"best": runtime.best, "last": runtime.results()["last"]}))
+            results = runtime.results()
+            flare.send(P.upload_to_model(upload, {k: results[k] for k in ("best", "last", "ood", "cohort")}))
         else:
             raise ValueError(f"site {site}: unknown task '{task_name}'")

@@ -176,4 +176,3 @@ class PersonalizedWorkflow(ModelController):
             save_json(results, folder / "results.json")
             save_text(table + "\n", folder / "results.md")
         self.info("per-site results of the personalized models (best round on validation):\n" + table)
-        print(table, flush=True)

@@ -42,16 +42,17 @@ class SiteRuntime:
     optimizers: dict[str, torch.optim.Optimizer]
     generator: torch.Generator
     run_id: str
+    data_root: str | None = None  # None: the task's embedded default data
     log_scalar: Scalar = lambda tag, value, step: None
     memory: dict[str, Any] = field(default_factory=dict)
     round_idx: int = -1  # last completed round
     best: dict[str, Any] | None = None
+    ood: dict[str, float] | None = None  # best model on the out-of-distribution cohort, after the last round
     history: list[dict[str, Any]] = field(default_factory=list)
 
     # ----- evaluation ------------------------------------------------------------------
     @torch.no_grad()
-    def predict(self, role: str, split: Split, batch_size: int = 256) -> np.ndarray:
-        model = self.models[role]
+    def predict(self, model: torch.nn.Module, split: Split, batch_size: int = 256) -> np.ndarray:
         was_training = model.training
         model.eval()
         probs = []
@@ -63,7 +64,23 @@ class SiteRuntime:
 
     def evaluate(self, role: str, split_name: str) -> dict[str, float]:
         split = self.data.split(split_name)
-        return self.task.metrics(self.predict(role, split), split.labels.cpu().numpy())
+        return self.task.metrics(self.predict(self.models[role], split), split.labels.cpu().numpy())
+
+    def evaluate_best_on_ood(self) -> dict[str, float] | None:
+        """The best-on-validation model on the task's out-of-distribution cohort (Table X), when the
+        site's data root holds it."""
+        cohort = self.task.ood_cohort
+        best_file = self.state_dir / f"best_{self.method.eval_role}.pt"
+        if cohort is None or not best_file.exists():
+            return None
+        try:
+            split = self.task.load_site(cohort, self.device, self.data_root).test
+        except FileNotFoundError as e:
+            log.info("site %s: no out-of-distribution evaluation (%s)", self.name, e)
+            return None
+        model = self.task.build_model().to(self.device)
+        model.load_state_dict(load_torch(best_file, map_location=self.device))
+        return self.task.metrics(self.predict(model, split), split.labels.cpu().numpy())
 
     # ----- persistence -----------------------------------------------------------------
     def save(self) -> None:
@@ -76,6 +93,7 @@ class SiteRuntime:
                 "generator": self.generator.get_state(),
                 "memory": self.memory,
                 "best": self.best,
+                "ood": self.ood,
                 "history": self.history,
             },
             self.state_dir / CHECKPOINT,
@@ -99,6 +117,7 @@ class SiteRuntime:
         self.memory = ckpt["memory"]
         self.round_idx = ckpt["round_idx"]
         self.best = ckpt["best"]
+        self.ood = ckpt["ood"]
         self.history = ckpt["history"]
         log.info("site %s: resumed from %s after round %d", self.name, path, self.round_idx)
         return True
@@ -117,5 +136,6 @@ class SiteRuntime:
             "class_counts": self.data.class_counts,
             "best": self.best,
             "last": last,
+            "ood": self.ood,
             "history": self.history,
         }

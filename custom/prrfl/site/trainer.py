@@ -21,6 +21,10 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     started = time.perf_counter()
     train_seconds = 0.0
     method.on_download(site, download, first=site.round_idx < 0)
+    if cfg.eval_test_every_epoch and round_idx > 0:
+        # right after the download, before any local step: where retrogress shows
+        test = site.evaluate(method.eval_role, "test")
+        site.history.append({"kind": "download", "round": round_idx, "epochs_done": round_idx * cfg.local_epochs, "test": test})
     for epoch in range(cfg.local_epochs):
         step = round_idx * cfg.local_epochs + epoch  # global epoch index: the x axis of every curve
         for opt in site.optimizers.values():
@@ -36,7 +40,7 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
         site.log_scalar("lr", cfg.lr_at(step), step)
         if cfg.eval_test_every_epoch:
             test = site.evaluate(method.eval_role, "test")
-            site.history.append({"kind": "epoch", "round": round_idx, "epoch": step, "test": test})
+            site.history.append({"kind": "epoch", "round": round_idx, "epochs_done": step + 1, "test": test})
             site.log_scalar(f"epoch_test/{site.task.primary_metric}", test[site.task.primary_metric], step)
     images = site.data.num_train * cfg.local_epochs * len(method.roles)
     timing = {
@@ -47,6 +51,8 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     site.log_scalar("speed/train_images_per_second", timing["train_images_per_second"], round_idx)
     record_round(site, round_idx, timing)
     site.round_idx = round_idx
+    if round_idx == cfg.num_rounds - 1:
+        site.ood = site.evaluate_best_on_ood()
     upload = method.upload(site)
     site.save()
     return upload
@@ -100,7 +106,9 @@ def record_round(site: SiteRuntime, round_idx: int, timing: dict[str, float]) ->
     for split, values in (("valid", valid), ("test", test)):
         for name, value in values.items():
             site.log_scalar(f"{split}/{name}", value, step)
-    site.history.append({"kind": "round", "round": round_idx, "epoch": step, "valid": valid, "test": test, "timing": timing})
+    site.history.append(
+        {"kind": "round", "round": round_idx, "epochs_done": step + 1, "valid": valid, "test": test, "timing": timing}
+    )
     score = valid[metric]
     eligible = round_idx >= site.cfg.select_from_round and not math.isnan(score)
     if eligible and (site.best is None or score > site.best["valid"][metric]):

@@ -48,6 +48,7 @@ class Task:
     num_classes: ClassVar[int]
     class_names: ClassVar[tuple[str, ...]]
     site_names: ClassVar[tuple[str, ...]]  # the federation's cohorts, in FLARE site order
+    ood_cohort: ClassVar[str | None] = None  # evaluated at the end, never trained on
     primary_metric: ClassVar[str]
     classifier_key: ClassVar[str]  # state-dict key of the last classifier layer
 

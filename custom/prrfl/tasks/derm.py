@@ -54,8 +54,9 @@ class DermTask(Task):
     def build_model(self) -> torch.nn.Module:
         return SlimVGG16BN(num_classes=self.num_classes)
 
-    def prepared_root(self, data_root: str | None) -> Path:
-        """A site's prepared data: its own root, or the shared synthetic federation."""
+    def prepared_root(self, data_root: str | None, workers: int = 1) -> Path:
+        """A site's prepared data: its own root, or the shared synthetic federation (built on first
+        use; `workers` > 1 only from a plain command line, not inside a FLARE site process)."""
         if data_root:
             root = Path(data_root)
             if not (root / "manifest.json").exists():
@@ -74,6 +75,7 @@ class DermTask(Task):
                 size=d["image_size"],
                 split_seed=d["split_seed"],
                 group_by=d["group_by"],
+                workers=workers,
             )
         )
 
