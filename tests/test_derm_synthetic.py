@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prrfl.data.derm import synthetic
+from prrfl.data.derm import lesions, synthetic
 from prrfl.data.derm.layout import DEFAULT_LAYOUT as L
 from prrfl.data.derm.layout import SITES
 from prrfl.data.derm.plan import MIN_PER_CLASS, plan_federation, table_counts
@@ -135,7 +135,8 @@ def _stats_by_class(site: str, n: int = 20, size=(128, 96)) -> dict[str, np.ndar
 
 
 @pytest.mark.parametrize("site", ["A", "C"])
-def test_class_shows_in_colour_and_brightness(site):
+def test_class_shows_in_colour_and_brightness(site, monkeypatch):
+    monkeypatch.setattr(lesions, "AMBIGUITY", 0.0)  # the typical look of each class
     st = _stats_by_class(site)
     centre = {k: v[:, 0].mean() for k, v in st.items()}
     varieg = {k: np.nanmean(v[:, 1]) for k, v in st.items()}
@@ -144,6 +145,17 @@ def test_class_shows_in_colour_and_brightness(site):
     assert centre["mel"] < centre["nv"]  # melanomas are darker (black, dark brown, blue-grey)
     assert varieg["mel"] > 1.5 * varieg["nv"]  # and multi-coloured, nevi uniform
     assert area["mel"] > area["nv"]  # and larger
+
+
+def test_ambiguous_lesions_borrow_look_alike_features_but_keep_their_label():
+    pure = [lesions.sample_lesion("nv", np.random.default_rng(i), ambiguity=0.0) for i in range(40)]
+    mixed = [lesions.sample_lesion("nv", np.random.default_rng(i), ambiguity=1.0) for i in range(40)]
+    assert all(m.kind == "nv" for m in mixed)
+    # nevi never carry keratosis fissures nor melanoma's large border harmonics on their own
+    assert max(p.fissures for p in pure) == 0.0
+    borrowed_fissures = sum(m.fissures > 0 for m in mixed)
+    borrowed_outline = sum(float(np.std(m.border)) > max(float(np.std(p.border)) for p in pure) for m in mixed)
+    assert borrowed_fissures > 0 and borrowed_outline > 0
 
 
 def test_sites_are_photographed_differently():

@@ -12,6 +12,7 @@ overlap between nevi and melanoma keeps the task from being trivial.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -126,8 +127,31 @@ def _border(rng: np.random.Generator, amp: float, k_max: int, decay: float) -> n
     return (b / b.mean()).astype(np.float32)
 
 
-def sample_lesion(kind: str, rng: np.random.Generator) -> LesionSpec:
-    """Draw a lesion of `kind`. An atypia score overlaps between nv and mel, so the task is not trivial."""
+# Dermoscopy is hard because lesions borrow each other's features: pigmented keratoses with
+# melanoma colours, melanomas with a nevus' regular outline, irritated nevi with keratosis dots.
+# A fraction AMBIGUITY of lesions takes each feature group (outline, colours, structures) from a
+# look-alike of another class with probability 1/2, while keeping its own label.
+AMBIGUITY = 0.35
+LOOK_ALIKES = {"nv": ("mel", "bkl"), "mel": ("nv", "bkl"), "bkl": ("mel", "nv")}
+_FEATURE_GROUPS = (
+    ("radius", "aspect", "border", "edge"),
+    ("base", "centre_shade", "blobs", "opacity"),
+    ("network", "net_freq", "net_thick", "warp", "broken", "fissures", "dots"),
+)
+
+
+def sample_lesion(kind: str, rng: np.random.Generator, ambiguity: float | None = None) -> LesionSpec:
+    """Draw a lesion of `kind`, sometimes with features of a look-alike class (default AMBIGUITY)."""
+    spec = _sample_pure(kind, rng)
+    if kind not in LOOK_ALIKES or rng.random() >= (AMBIGUITY if ambiguity is None else ambiguity):
+        return spec
+    other = _sample_pure(LOOK_ALIKES[kind][int(rng.integers(0, 2))], rng)
+    borrowed = {f: getattr(other, f) for group in _FEATURE_GROUPS if rng.random() < 0.5 for f in group}
+    return dataclasses.replace(spec, **borrowed)
+
+
+def _sample_pure(kind: str, rng: np.random.Generator) -> LesionSpec:
+    """A typical lesion of `kind`. An atypia score overlaps between nv and mel."""
     no_dots = np.zeros((0, 4), np.float32)
     if kind == "nv":  # round/oval, regular border, uniform brown, faint regular network, few globules
         a = rng.beta(4.0, 4.0) if rng.random() < 0.15 else rng.beta(1.5, 6.0)  # 15% dysplastic-looking

@@ -23,7 +23,7 @@ from .layout import CLASS_NAMES, OTHER_HAM_DX, SITE_NAMES, SPLITS, site
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"  # 2: look-alike features (lesions.AMBIGUITY)
 MIN_PER_CLASS = 3  # one image per split of a 7:1:2 split (see splitting.py)
 MULTI_IMAGE_P = {"A": 0.25, "B": 0.0, "C": 0.2, "D": 0.0, "OOD": 0.15}  # P(lesion has 2-3 images)
 DISTRACTOR_FRACTION = 0.02  # extra rows the loaders must drop (HAM: other diagnoses; ISIC: non-MSK)
