@@ -1,25 +1,33 @@
-"""Atomic file writes: a crash mid-write never leaves a truncated checkpoint or results file."""
+"""Atomic writes: a crash mid-write never leaves a truncated checkpoint, results file or data set.
+
+Files go to a temp file beside the target, then os.replace; folders are built in a hidden folder
+beside the target, then renamed. torch is imported only by the functions that need it, so image
+worker processes stay light.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import Any, BinaryIO
 
 
-def _atomic_write(path: Path, write) -> Path:
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Write `path` through `write(fileobj)` into a temp file in the same folder, then replace."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results and prepared data are meant to be read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -27,11 +35,44 @@ def _atomic_write(path: Path, write) -> Path:
     return path
 
 
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    return atomic_write(path, lambda f: f.write(data))
+
+
+def temp_dir_beside(target: str | Path) -> Path:
+    """A fresh hidden folder next to `target` (same file system, so a rename is atomic)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def publish_dir(tmp: Path, target: str | Path, *, overwrite: bool) -> Path:
+    """Move the finished folder `tmp` to `target`; an existing target is replaced only if `overwrite`."""
+    target = Path(target)
+    if target.exists():
+        if not overwrite:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise FileExistsError(f"{target} already exists (pass overwrite=True to replace it)")
+        trash = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.rename(target, trash)
+        os.rename(tmp, target)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, target)
+    return target
+
+
 def save_torch(obj: Any, path: str | Path) -> Path:
-    return _atomic_write(Path(path), lambda f: torch.save(obj, f))
+    import torch
+
+    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
-def load_torch(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+def load_torch(path: str | Path, map_location: Any = "cpu") -> Any:
+    import torch
+
     try:
         return torch.load(path, map_location=map_location, weights_only=False)
     except Exception as e:  # a corrupt file must name itself
@@ -39,12 +80,11 @@ def load_torch(path: str | Path, map_location: str | torch.device = "cpu") -> An
 
 
 def save_json(obj: Any, path: str | Path) -> Path:
-    data = json.dumps(obj, indent=2, sort_keys=True, allow_nan=True).encode()
-    return _atomic_write(Path(path), lambda f: f.write(data))
+    return atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True).encode())
 
 
 def save_text(text: str, path: str | Path) -> Path:
-    return _atomic_write(Path(path), lambda f: f.write(text.encode()))
+    return atomic_write_bytes(path, text.encode())
 
 
 def load_json(path: str | Path) -> Any:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from ._atomic import publish_dir, temp_dir_beside
+from prrfl.storage import publish_dir, temp_dir_beside
 from .layout import MANIFEST_NAME, SYNTHETIC_MARKER
 from .plan import GENERATOR_VERSION
 from .prepare import FORMAT, prepare_dermoscopy

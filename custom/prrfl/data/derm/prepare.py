@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._atomic import atomic_write_bytes
+from prrfl.storage import atomic_write_bytes
 from .author_splits import author_split_path, read_author_splits
 from .images import load_square
 from .layout import (

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._atomic import atomic_write
+from prrfl.storage import atomic_write
 from .layout import NUM_CLASSES, SPLITS
 
 NPZ_KEYS = ("images", "labels", "image_ids", "lesion_ids")

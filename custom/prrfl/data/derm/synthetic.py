@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 from threadpoolctl import threadpool_limits
 
-from ._atomic import publish_dir, temp_dir_beside
+from prrfl.storage import publish_dir, temp_dir_beside
 from .acquisition import SITE_PROFILES, acquire
 from .layout import (
     CLASS_INDEX,
