@@ -11,6 +11,8 @@ from prrfl.data.augment import normalize
 from prrfl.metrics import classification_metrics
 from prrfl.tasks.base import SiteData, Split, Task
 
+torch.set_num_threads(1)  # the tests' models are tiny: more threads only contend (50x slower on a busy host)
+
 
 class TinyNet(nn.Module):
     classifier_key = "fc2.weight"
@@ -75,11 +77,11 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 def make_runtime(task: TinyTask, tmp_path, site: str = "A", run_id: str = "run", **cfg_overrides):
     from prrfl.config import RunConfig
-    from prrfl.methods.prr import PRR
+    from prrfl.registry import build_method
     from prrfl.site.state import SiteRuntime
 
     cfg = RunConfig.from_dict({"task": "tiny", "num_rounds": 3, "local_epochs": 2, "batch_size": 8, "lr": 0.05, **cfg_overrides})
-    method = PRR(cfg, task, **cfg.method_args)
+    method = build_method(cfg, task)
     torch.manual_seed(123)
     models = {role: task.build_model() for role in method.roles}
     optimizers = {role: torch.optim.SGD(m.parameters(), lr=cfg.lr) for role, m in models.items()}

@@ -61,12 +61,14 @@ def test_aggregate_with_identical_sites_returns_them_unchanged(tiny_task):
             torch.testing.assert_close(d.params[key], value, atol=1e-6, rtol=1e-5)
 
 
-def test_pfa_off_keeps_each_deputy(tiny_task):
+def test_pfa_off_averages_the_deputies(tiny_task):
     method = PRR(RunConfig(task="tiny", method_args={}), tiny_task, pfa_enabled=False)
     ups = uploads(tiny_task)
     downloads = method.aggregate(ups, round_idx=0, server={})
     for u in ups:
-        assert all(torch.equal(downloads[u.site].params[k], u.params[k]) for k in u.params)
+        for k in u.params:  # uniform site weights by default
+            torch.testing.assert_close(downloads[u.site].params[k], sum(v.params[k] for v in ups) / 3)
+        assert "pfa_r" not in downloads[u.site].meta
 
 
 def test_losses_follow_the_det_phase(tiny_task, tmp_path):

@@ -14,9 +14,18 @@ def _tasks() -> dict[str, type[Task]]:
 
 
 def _methods() -> dict[str, type[Method]]:
+    from prrfl.methods.apfl import APFL
+    from prrfl.methods.fedavg import FedAvg, FedBN, FedProx, SiloBN
+    from prrfl.methods.fedproto import FedProto
+    from prrfl.methods.fml import FML
+    from prrfl.methods.ida import IDA
+    from prrfl.methods.perfedavg import PerFedAvg
+    from prrfl.methods.pfedme import PFedMe
     from prrfl.methods.prr import PRR
+    from prrfl.methods.prr_variants import PRRFL, FedeAMC, FedFocal
 
-    return {"prr": PRR}
+    classes = (PRR, PRRFL, FedAvg, FedProx, SiloBN, IDA, FedBN, FedProto, FML, PerFedAvg, PFedMe, APFL, FedeAMC, FedFocal)
+    return {cls.name: cls for cls in classes}
 
 
 def build_task(cfg: RunConfig) -> Task:

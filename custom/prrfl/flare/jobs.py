@@ -24,6 +24,7 @@ from nvflare.job_config.script_runner import ScriptRunner
 
 from prrfl.config import RunConfig
 from prrfl.flare.workflow import PersonalizedWorkflow
+from prrfl.registry import method_names
 
 SITE_SCRIPT = Path(__file__).parent / "entry" / "prrfl_site.py"
 
@@ -38,9 +39,11 @@ PAPER: dict[str, Any] = {
     "data": {"image_size": 128, "synthetic_scale": 1.0, "synthetic_raw_size": [600, 450]},
 }
 
+# derm_<method>: every registered method (the TMI paper's competitors) on the same pipeline, with
+# the options its class docstring states as defaults.
 JOBS: dict[str, dict[str, Any]] = {
-    "derm_prr": {"method": "prr", **QUICK},
     "derm_prr_paper": {"method": "prr", **PAPER},
+    **{f"derm_{method}": {"method": method, **QUICK} for method in method_names()},
 }
 
 

@@ -3,6 +3,7 @@
 The shared loop (prrfl.site.trainer) owns data, batches, optimisers, evaluation and checkpoints.
 A method only says which models a site keeps (`roles`), their losses on a batch, what happens at a
 download, before/after an epoch, and how the server turns the uploads into one download per site.
+A method whose local step is not one gradient step of a summed loss overrides `train_batch`.
 Whatever a method must remember at a site between rounds goes into `site.memory`, which the loop
 checkpoints with the models (site processes may be restarted for every task).
 """
@@ -45,9 +46,10 @@ class Method:
     """Base class: one local model trained with the task's supervised loss, uploaded whole."""
 
     name: ClassVar[str] = "base"
-    roles: ClassVar[tuple[str, ...]] = ("local",)
-    eval_role: ClassVar[str] = "local"  # the model a site reports and selects on validation
-    upload_role: ClassVar[str] = "local"
+    # class defaults; a method whose options change its models may set them per instance in __init__
+    roles: tuple[str, ...] = ("local",)
+    eval_role: str = "local"  # the model a site reports and selects on validation
+    upload_role: str = "local"
 
     def __init__(self, cfg: "RunConfig", task: "Task", **options: Any):
         self.cfg = cfg
@@ -74,6 +76,22 @@ class Method:
 
     def before_epoch(self, site: "SiteRuntime", epoch: int) -> None:
         pass
+
+    def train_batch(self, site: "SiteRuntime", inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """One optimisation step on a batch; returns each trained model's loss. Default: forward every
+        role, sum `losses`, one backward, step every optimiser, then `after_batch`. Methods whose step
+        is not one gradient step of a summed loss (meta-learning, inner solvers) override this."""
+        outputs = {role: site.models[role](inputs) for role in self.roles}
+        losses = self.losses(site, labels, outputs)
+        for opt in site.optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        total = sum(losses.values())
+        check_finite(site, total)
+        total.backward()
+        for opt in site.optimizers.values():
+            opt.step()
+        self.after_batch(site, labels, outputs)
+        return {role: float(loss.detach()) for role, loss in losses.items()}
 
     def supervised_loss(self, site: "SiteRuntime", logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.task.loss(logits, labels)
@@ -104,3 +122,8 @@ class Method:
 
     def upload_meta(self, site: "SiteRuntime") -> dict[str, Any]:
         return {}
+
+
+def check_finite(site: "SiteRuntime", loss: torch.Tensor) -> None:
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"site {site.name}: non-finite training loss {float(loss)} (lower the learning rate?)")

@@ -7,17 +7,43 @@ score of D relative to P; the phase decides which model distils from the other. 
 conjoint mask G from the global class counts, weighted per class by gamma from the cosine between
 the site's prototype (from P) and the sampled global prototype. Only D's non-BN weights, the class
 counts and the per-class mean embeddings leave the site.
+
+Ablations (TMI Tables IV-VI) are options, e.g. `prrfl jobs export derm_prr --set method_args.det_enabled=false`:
+* pfa_enabled=False: the server averages the deputies' shared (non-BN) weights instead (FedAvg with
+  local BN, weighted by `site_weights`); every site gets the same average.
+* det_enabled=False: no P/D pair. Each site keeps ONE model ("local") that receives its PFA output,
+  trains with L_sup alone, is uploaded and is the evaluated model.
+* det_phases: the DET phases allowed, a subset of ("recover", "exchange", "sublimate"). DET picks
+  the phase as usual, then a phase that is not allowed becomes the closest allowed one below it
+  (or the lowest allowed one): ("recover",) = D always distils from P and P trains alone;
+  ("recover", "exchange") = never Sublimate; ("exchange",) = mutual learning every epoch.
+* cpa_global=False: the conjoint mask is all ones (plain softmax competition).
+* cpa_local=False: gamma = 1 and no prototypes are computed or exchanged.
+  With both off, L_sup is the task's own loss (cross entropy).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from prrfl.algorithms import cpa, det, pfa, prototypes
+from prrfl.methods import aggregation
+from prrfl.methods import prototype_exchange as protos
 from prrfl.methods.base import Download, Method, Upload
 from prrfl.site.state import SiteRuntime
+
+PHASE_NAMES: tuple[str, ...] = tuple(p.name.lower() for p in det.Phase)  # recover, exchange, sublimate
+
+
+def allowed_phase(phase: det.Phase, allowed: Sequence[det.Phase]) -> det.Phase:
+    """`phase` if allowed, else the closest allowed phase below it, else the lowest allowed one."""
+    if phase in allowed:
+        return phase
+    below = [p for p in allowed if p < phase]
+    return max(below) if below else min(allowed)
 
 
 class PRR(Method):
@@ -40,6 +66,7 @@ class PRR(Method):
         classifier_rowwise: bool = True,
         site_weights: str = "uniform",  # or "samples": weight sites by training-set size
         det_enabled: bool = True,
+        det_phases: Sequence[str] = ("recover", "exchange", "sublimate"),
         l1: float = 0.7,
         l2: float = 0.9,
         det_split: str = "valid",  # "train": the authors' choice
@@ -54,13 +81,19 @@ class PRR(Method):
         super().__init__(cfg, task)
         if det_split not in det.DET_METRIC_SPLITS:
             raise ValueError(f"PRR option det_split must be one of {det.DET_METRIC_SPLITS}, got {det_split!r}")
-        if site_weights not in ("uniform", "samples"):
-            raise ValueError(f"PRR option site_weights must be 'uniform' or 'samples', got {site_weights!r}")
+        if site_weights not in aggregation.WEIGHTINGS:
+            raise ValueError(f"PRR option site_weights must be one of {aggregation.WEIGHTINGS}, got {site_weights!r}")
         if not 0 < l1 <= l2 <= 1:
             raise ValueError(f"PRR options need 0 < l1 <= l2 <= 1, got l1={l1}, l2={l2}")
+        if not det_phases or set(det_phases) - set(PHASE_NAMES):
+            raise ValueError(f"PRR option det_phases must be a non-empty subset of {PHASE_NAMES}, got {det_phases!r}")
         self.opt = dict(locals())
         for key in ("self", "cfg", "task", "__class__"):
             self.opt.pop(key, None)
+        self.phases = tuple(sorted({det.Phase[p.upper()] for p in det_phases}))
+        self.uses_cpa = cpa_global or cpa_local
+        if not det_enabled:  # one model: receives the PFA output, trains with L_sup, is evaluated
+            self.roles, self.eval_role, self.upload_role = ("local",), "local", "local"
 
     # ----- shared ------------------------------------------------------------------------
     def shared_keys(self, model: torch.nn.Module) -> list[str]:
@@ -71,9 +104,9 @@ class PRR(Method):
     def aggregate(self, uploads: list[Upload], round_idx: int, server: dict[str, Any]) -> dict[str, Download]:
         o = self.opt
         states = [u.params for u in uploads]
+        weights = aggregation.site_weights(uploads, o["site_weights"])
         if o["pfa_enabled"]:
             r = pfa.pfa_threshold(round_idx, self.cfg.num_rounds, r0=o["r0"], r1=o["r1"], schedule=o["r_schedule"])
-            weights = [float(u.num_train) for u in uploads] if o["site_weights"] == "samples" else None
             mixed = pfa.pfa_aggregate(
                 states,
                 r,
@@ -84,25 +117,25 @@ class PRR(Method):
                 classifier_rowwise=o["classifier_rowwise"],
                 bn_keys=set(),  # BN keys never travel (shared_keys)
             )
-        else:
-            r, mixed = 0.0, states  # PFA off: each deputy keeps its own weights
+            meta: dict[str, Any] = {"pfa_r": r}
+        else:  # the ablation without PFA: a plain average of the shared weights
+            mixed, meta = [aggregation.weighted_average(states, weights)] * len(uploads), {}
+        if o["cpa_local"]:
+            meta.update(self._global_prototypes(uploads, server))
+        return {u.site: Download(params=dict(p), meta=dict(meta)) for u, p in zip(uploads, mixed)}
+
+    def _global_prototypes(self, uploads: list[Upload], server: dict[str, Any]) -> dict[str, Any]:
         generator = torch.Generator()
         if "proto_rng" in server:  # continue the persisted stream: a resumed server samples the same prototypes
             generator.set_state(server["proto_rng"])
         else:
             generator.manual_seed(self.cfg.seed + 7919)
-        site_protos = torch.stack([torch.as_tensor(u.meta["prototypes"], dtype=torch.float64) for u in uploads])
-        present = torch.stack([torch.as_tensor(u.meta["prototype_present"], dtype=torch.bool) for u in uploads])
+        site_protos, present = protos.site_prototypes(uploads)
         global_protos, global_present = prototypes.sample_global_prototypes(
-            site_protos, site_present=present, generator=generator, std=o["proto_std"], std_floor=o["proto_std_floor"]
+            site_protos, site_present=present, generator=generator, std=self.opt["proto_std"], std_floor=self.opt["proto_std_floor"]
         )
         server["proto_rng"] = generator.get_state()
-        meta = {
-            "pfa_r": r,
-            "global_prototypes": global_protos.tolist(),
-            "global_prototype_present": global_present.tolist(),
-        }
-        return {u.site: Download(params=p, meta=dict(meta)) for u, p in zip(uploads, mixed)}
+        return protos.download_meta(global_protos, global_present)
 
     # ----- site ----------------------------------------------------------------------------
     def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
@@ -110,17 +143,16 @@ class PRR(Method):
             for role in self.roles:
                 site.models[role].load_state_dict(download.params)
         else:
-            site.models["deputy"].load_state_dict(download.params, strict=False)
+            site.models[self.upload_role].load_state_dict(download.params, strict=False)
         mem = site.memory
         mem["phase"] = None  # every download restarts DET in Recover
-        counts = download.meta["global_class_counts"]
-        c = self.task.num_classes
-        mask = cpa.conjoint_mask(torch.tensor(counts, dtype=torch.float64), beta=self.opt["beta"])
-        mem["mask"] = mask if self.opt["cpa_global"] else torch.ones(c, c, dtype=torch.float64)
-        if "global_prototypes" in download.meta:
-            mem["global_prototypes"] = torch.tensor(download.meta["global_prototypes"], dtype=torch.float64)
-            mem["global_present"] = torch.tensor(download.meta["global_prototype_present"], dtype=torch.bool)
         mem["round"] = download.meta["round"]
+        if self.uses_cpa:
+            c = self.task.num_classes
+            counts = torch.tensor(download.meta["global_class_counts"], dtype=torch.float64)
+            mask = cpa.conjoint_mask(counts, beta=self.opt["beta"])
+            mem["mask"] = mask if self.opt["cpa_global"] else torch.ones(c, c, dtype=torch.float64)
+        protos.receive(site, download.meta)
         if "pfa_r" in download.meta:
             site.log_scalar("pfa/r", download.meta["pfa_r"], download.meta["round"] * self.cfg.local_epochs)
 
@@ -131,14 +163,15 @@ class PRR(Method):
             metric = site.task.primary_metric
             personal = site.evaluate("personal", o["det_split"])[metric]
             deputy = site.evaluate("deputy", o["det_split"])[metric]
-            mem["phase"] = det.next_phase(mem["phase"], deputy, personal, l1=o["l1"], l2=o["l2"], just_downloaded=epoch == 0)
+            phase = det.next_phase(mem["phase"], deputy, personal, l1=o["l1"], l2=o["l2"], just_downloaded=epoch == 0)
+            mem["phase"] = allowed_phase(phase, self.phases)
             site.log_scalar("det/phase", int(mem["phase"]), step)
             site.log_scalar("det/personal_score", personal, step)
             site.log_scalar("det/deputy_score", deputy, step)
-        mem["gamma"] = self._gamma(site)
-        for c, name in enumerate(site.task.class_names):
-            site.log_scalar(f"cpa/gamma_{name}", float(mem["gamma"][c]), step)
-        mem["accumulator"] = prototypes.PrototypeAccumulator(site.task.num_classes, self._embed_dim(site))
+        if self.uses_cpa:
+            mem["gamma"] = self._gamma(site)
+            for c, name in enumerate(site.task.class_names):
+                site.log_scalar(f"cpa/gamma_{name}", float(mem["gamma"][c]), step)
 
     def _gamma(self, site: SiteRuntime) -> torch.Tensor:
         mem, c = site.memory, site.task.num_classes
@@ -148,37 +181,34 @@ class PRR(Method):
         present = mem["prototype_present"] & mem["global_present"]
         return cpa.prototype_gamma(mem["prototypes"], mem["global_prototypes"], tau=self.opt["tau"], present=present)
 
-    @staticmethod
-    def _embed_dim(site: SiteRuntime) -> int:
-        return site.models["personal"].fc2.in_features
+    def supervised_loss(self, site: SiteRuntime, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """CPA; the task's own loss when both CPA parts are off."""
+        if not self.uses_cpa:
+            return self.task.loss(logits, labels)
+        mask = site.memory["mask"].to(labels.device, torch.float32)
+        gamma = site.memory["gamma"].to(labels.device, torch.float32)
+        return cpa.cpa_loss(logits, labels, mask, gamma=gamma)
 
     def losses(self, site, labels, outputs):
-        mem = site.memory
-        mask = mem["mask"].to(labels.device, torch.float32)
-        gamma = mem["gamma"].to(labels.device, torch.float32)
-        (z_p, _), (z_d, _) = outputs["personal"], outputs["deputy"]
-        loss_p = cpa.cpa_loss(z_p, labels, mask, gamma=gamma)
-        loss_d = cpa.cpa_loss(z_d, labels, mask, gamma=gamma)
-        phase = mem["phase"] if self.opt["det_enabled"] else None
+        losses = {role: self.supervised_loss(site, z, labels) for role, (z, _) in outputs.items()}
+        phase = site.memory["phase"] if self.opt["det_enabled"] else None
         if phase is not None:
+            (z_p, _), (z_d, _) = outputs["personal"], outputs["deputy"]
             p_learns, d_learns = det.distillation_targets(phase)
             if p_learns:
-                loss_p = loss_p + det.kl_distillation(z_p, z_d)
+                losses["personal"] = losses["personal"] + det.kl_distillation(z_p, z_d)
             if d_learns:
-                loss_d = loss_d + det.kl_distillation(z_d, z_p)
-        return {"personal": loss_p, "deputy": loss_d}
+                losses["deputy"] = losses["deputy"] + det.kl_distillation(z_d, z_p)
+        return losses
 
     def after_batch(self, site, labels, outputs):
         # prototypes come from P's embeddings of the batch it is training on (authors' choice)
-        site.memory["accumulator"].update(outputs["personal"][1].detach(), labels)
+        if self.opt["cpa_local"]:
+            protos.track(site, outputs[self.eval_role][1], labels)
 
     def after_epoch(self, site: SiteRuntime, epoch: int) -> None:
-        protos, counts = site.memory.pop("accumulator").compute()
-        site.memory["prototypes"] = protos.double().cpu()
-        site.memory["prototype_present"] = (counts > 0).cpu()
+        if self.opt["cpa_local"]:
+            protos.finish_epoch(site)
 
     def upload_meta(self, site: SiteRuntime) -> dict[str, Any]:
-        return {
-            "prototypes": site.memory["prototypes"].tolist(),
-            "prototype_present": site.memory["prototype_present"].tolist(),
-        }
+        return protos.upload_meta(site) if self.opt["cpa_local"] else {}

@@ -61,7 +61,8 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
 def train_epoch(site: SiteRuntime) -> dict[str, float]:
     """One pass over the site's training split; returns the mean loss of each trained model."""
     method, train = site.method, site.data.train
-    models = {role: site.models[role].train() for role in method.roles}
+    for role in method.roles:
+        site.models[role].train()
     n = len(train)
     order = torch.randperm(n, generator=site.generator).to(train.labels.device)
     bs = site.cfg.batch_size
@@ -69,25 +70,13 @@ def train_epoch(site: SiteRuntime) -> dict[str, float]:
     bounds = list(range(0, n, bs))
     if len(bounds) > 1 and n - bounds[-1] == 1:
         bounds.pop()
-    totals = {role: 0.0 for role in models}
+    totals: dict[str, float] = {}
     for i, start in enumerate(bounds):
         stop = bounds[i + 1] if i + 1 < len(bounds) else n
         idx = order[start:stop]
         inputs = site.task.train_inputs(train.images[idx], site.generator)
-        labels = train.labels[idx]
-        outputs = {role: model(inputs) for role, model in models.items()}
-        losses = method.losses(site, labels, outputs)
-        for opt in site.optimizers.values():
-            opt.zero_grad(set_to_none=True)
-        total = sum(losses.values())
-        if not torch.isfinite(total):
-            raise FloatingPointError(f"site {site.name}: non-finite training loss {float(total)} (lower the learning rate?)")
-        total.backward()
-        for opt in site.optimizers.values():
-            opt.step()
-        method.after_batch(site, labels, outputs)
-        for role, loss in losses.items():
-            totals[role] += float(loss.detach()) * len(idx)
+        for role, loss in method.train_batch(site, inputs, train.labels[idx]).items():
+            totals[role] = totals.get(role, 0.0) + loss * len(idx)
     return {role: total / max(n, 1) for role, total in totals.items()}
 
 

@@ -1,0 +1,117 @@
+"""FedAvg and the methods that differ from it by one rule: FedProx (local objective), FedBN and
+SiloBN (which BatchNorm entries stay at the site)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from prrfl.algorithms.pfa import batchnorm_keys
+from prrfl.methods import aggregation
+from prrfl.methods.base import Download, Method, Upload
+from prrfl.site.state import SiteRuntime
+
+_BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+class FedAvg(Method):
+    """FedAvg (McMahan et al., AISTATS 2017): each site trains its copy of the shared model for E
+    local epochs; the server averages the copies weighted by training-set size and sends the
+    average to every site, which overwrites its model with it.
+
+    Choices: every state-dict entry travels, BatchNorm running statistics included. The evaluated
+    (reported, selected) model is the site's model after its local epochs, the per-site model the
+    comparison tables report; the loop also evaluates it right after the download (the global
+    model), where retrogress shows. `weighting="uniform"` gives every site 1/K.
+    """
+
+    name = "fedavg"
+    download_roles: tuple[str, ...] = ("local",)  # the models a download (after the first) overwrites
+
+    def __init__(self, cfg, task, *, weighting: str = "samples", **options: Any):
+        super().__init__(cfg, task, **options)
+        if weighting not in aggregation.WEIGHTINGS:
+            raise ValueError(f"option weighting must be one of {aggregation.WEIGHTINGS}, got {weighting!r}")
+        self.weighting = weighting
+
+    def local_keys(self, model: torch.nn.Module) -> set[str]:
+        """State-dict keys that never leave the site."""
+        return set()
+
+    def shared_keys(self, model: torch.nn.Module) -> list[str]:
+        local = self.local_keys(model)
+        return [k for k in model.state_dict() if k not in local]
+
+    def site_weights(self, uploads: list[Upload]) -> torch.Tensor:
+        return aggregation.site_weights(uploads, self.weighting)
+
+    def average(self, uploads: list[Upload]) -> dict[str, torch.Tensor]:
+        return aggregation.weighted_average([u.params for u in uploads], self.site_weights(uploads))
+
+    def aggregate(self, uploads: list[Upload], round_idx: int, server: dict[str, Any]) -> dict[str, Download]:
+        average = self.average(uploads)
+        return {u.site: Download(params=dict(average)) for u in uploads}
+
+    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
+        """The first download (the initial model) starts every role; later ones overwrite the shared
+        entries of `download_roles` (local keys stay)."""
+        for role in self.roles if first else self.download_roles:
+            site.models[role].load_state_dict(download.params, strict=first)
+
+
+class FedProx(FedAvg):
+    """FedProx (Li et al., MLSys 2020): FedAvg whose local objective adds (mu/2)||w - w_global||^2,
+    w_global being the model of the last download, over all trainable parameters.
+
+    Choices: mu = 0.01 (the paper searches {0.001, 0.01, 0.1, 1}); every site does its full E epochs
+    (no partial work / straggler simulation).
+    """
+
+    name = "fedprox"
+
+    def __init__(self, cfg, task, *, mu: float = 0.01, **options: Any):
+        super().__init__(cfg, task, **options)
+        if not mu >= 0:
+            raise ValueError(f"FedProx option mu must be >= 0, got {mu}")
+        self.mu = mu
+
+    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
+        super().on_download(site, download, first)
+        model = site.models[self.upload_role]
+        site.memory["global_params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def proximal_term(self, site: SiteRuntime) -> torch.Tensor:
+        anchor = site.memory["global_params"]
+        model = site.models[self.upload_role]
+        return 0.5 * self.mu * sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters())
+
+    def losses(self, site, labels, outputs):
+        losses = super().losses(site, labels, outputs)
+        losses[self.upload_role] = losses[self.upload_role] + self.proximal_term(site)
+        return losses
+
+
+class FedBN(FedAvg):
+    """FedBN (Li et al., ICLR 2021): FedAvg in which every BatchNorm layer (affine weight and bias,
+    running statistics) stays at its site; everything else is averaged."""
+
+    name = "fedbn"
+
+    def local_keys(self, model: torch.nn.Module) -> set[str]:
+        return batchnorm_keys(model)
+
+
+class SiloBN(FedAvg):
+    """SiloBN (Andreux et al., DART 2020): FedAvg in which BatchNorm running statistics (mean,
+    variance, batch counter) stay at their site while the BN affine weight and bias are averaged
+    with everything else.
+
+    Choices: the site evaluates with its own running statistics (the paper's local-statistics
+    inference), i.e. its model after local training.
+    """
+
+    name = "silobn"
+
+    def local_keys(self, model: torch.nn.Module) -> set[str]:
+        return {k for k in batchnorm_keys(model) if k.rpartition(".")[2] in _BN_BUFFERS}

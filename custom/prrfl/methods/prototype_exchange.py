@@ -1,0 +1,59 @@
+"""Class prototypes as they travel, shared by PRR (CPA loss) and FedProto.
+
+A site averages one model's embeddings per class over the batches of each local epoch (the authors'
+choice in both papers: the features of the batches being trained on, in train mode); the last
+epoch's prototypes go up in Upload.meta. The server's global prototypes come down in Download.meta.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from prrfl.algorithms.prototypes import PrototypeAccumulator
+from prrfl.methods.base import Upload
+
+if TYPE_CHECKING:
+    from prrfl.site.state import SiteRuntime
+
+
+def track(site: "SiteRuntime", embeddings: torch.Tensor, labels: torch.Tensor) -> None:
+    """Add a batch's embeddings [B, D] (call from after_batch)."""
+    acc = site.memory.get("accumulator")
+    if acc is None:
+        acc = site.memory["accumulator"] = PrototypeAccumulator(site.task.num_classes, embeddings.shape[1])
+    acc.update(embeddings.detach(), labels)
+
+
+def finish_epoch(site: "SiteRuntime") -> None:
+    """The epoch's prototypes [C, D] and which classes had samples (call from after_epoch)."""
+    protos, counts = site.memory.pop("accumulator").compute()
+    site.memory["prototypes"] = protos.double().cpu()
+    site.memory["prototype_present"] = (counts > 0).cpu()
+
+
+def upload_meta(site: "SiteRuntime") -> dict[str, Any]:
+    return {
+        "prototypes": site.memory["prototypes"].tolist(),
+        "prototype_present": site.memory["prototype_present"].tolist(),
+    }
+
+
+def site_prototypes(uploads: Sequence[Upload]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uploads' prototypes [K, C, D] float64 and presence [K, C]."""
+    protos = torch.stack([torch.as_tensor(u.meta["prototypes"], dtype=torch.float64) for u in uploads])
+    present = torch.stack([torch.as_tensor(u.meta["prototype_present"], dtype=torch.bool) for u in uploads])
+    return protos, present
+
+
+def download_meta(global_protos: torch.Tensor, global_present: torch.Tensor) -> dict[str, Any]:
+    return {"global_prototypes": global_protos.tolist(), "global_prototype_present": global_present.tolist()}
+
+
+def receive(site: "SiteRuntime", meta: dict[str, Any]) -> None:
+    """Keep the global prototypes of a download, when it brings some."""
+    if "global_prototypes" in meta:
+        site.memory["global_prototypes"] = torch.tensor(meta["global_prototypes"], dtype=torch.float64)
+        site.memory["global_present"] = torch.tensor(meta["global_prototype_present"], dtype=torch.bool)
