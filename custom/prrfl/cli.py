@@ -1,4 +1,4 @@
-"""`prrfl` command line: job folders and results."""
+"""`prrfl` command line: job folders, results, reports and sweeps."""
 
 from __future__ import annotations
 
@@ -87,6 +87,39 @@ def _results(args: argparse.Namespace) -> int:
     return 0
 
 
+def _names(text: str | None) -> list[str] | None:
+    """A comma-separated option ("prr,fedavg") as a list; None when not given."""
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def _report(args: argparse.Namespace) -> int:
+    from prrfl.report import build_report
+
+    try:
+        print(build_report(args.workspaces, args.out, _names(args.methods), args.reference, _names(args.curves)))
+    except (FileNotFoundError, ValueError) as e:  # no results, or two runs for one seed: say so, no traceback
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from prrfl.sweep import SweepError, sweep
+
+    try:
+        sweep(_names(args.methods), [int(s) for s in _names(args.seeds)], args.workspace, args.sites, args.set)
+    except (SweepError, ValueError) as e:  # a failed run, an unknown method or a bad --set
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    from prrfl.deploy import cli
+
+    return cli(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prrfl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +142,29 @@ def main(argv: list[str] | None = None) -> int:
     results = sub.add_parser("results", help="per-site F1/AUC table of finished runs")
     results.add_argument("workspaces", nargs="+")
     results.set_defaults(func=_results)
+    report = sub.add_parser("report", help="Table II / Table X, retrogress and per-epoch curves of finished runs")
+    report.add_argument("workspaces", nargs="+", help="folders searched for <site>/prrfl/<run>/results.json")
+    report.add_argument("--out", default="report", help="folder for report.md, the CSV files and the PNGs")
+    report.add_argument("--methods", help="comma-separated methods to report, in this order (default: all found)")
+    report.add_argument("--reference", default="prr", help="method the paired tests compare against")
+    report.add_argument("--curves", help="comma-separated methods to plot per-epoch curves of (default: all reported)")
+    report.set_defaults(func=_report)
+    sweep = sub.add_parser("sweep", help="run methods x seeds in the simulator one after another, then the report")
+    sweep.add_argument("--methods", required=True, help="comma-separated methods; each runs its job derm_<method>")
+    sweep.add_argument("--seeds", default="0", help="comma-separated seeds")
+    sweep.add_argument("--workspace", required=True, help="folder for the jobs, simulator workspaces, logs and report")
+    sweep.add_argument("--sites", type=int, default=4)
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run")
+    sweep.set_defaults(func=_sweep)
+    deploy = sub.add_parser("deploy", help="run a job on a provisioned FLARE deployment").add_subparsers(dest="action", required=True)
+    poc = deploy.add_parser("poc", help="provision, start server + sites on localhost (mTLS), submit, follow, download, stop")
+    poc.add_argument("--job", required=True, help="exported job folder, e.g. jobs/derm_prr")
+    poc.add_argument("--sites", type=int, default=4, help="hospitals of workspace_templates/poc/project.yml to start")
+    poc.add_argument("--workdir", help="folder for the kits, logs and results (default: a new temporary folder, kept)")
+    poc.add_argument("--data-root", help="data root written to every site's local/prrfl_site.json (default: synthetic)")
+    poc.add_argument("--device", help="device written to every site's local config, e.g. cpu or cuda:0")
+    poc.add_argument("--timeout", type=float, default=3600, help="seconds the job may run")
+    poc.set_defaults(func=_deploy)
     args = parser.parse_args(argv)
     return args.func(args)
 

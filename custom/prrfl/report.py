@@ -1,9 +1,40 @@
-"""Result tables from the per-site summaries that runs write."""
+"""Result tables and figures, from the per-site results files that runs write.
+
+Every site writes <workspace>/<site>/prrfl/<run_name>/results.json. `build_report` finds them under
+any number of workspaces, flattens them into one tidy table (results_long.csv: one row per method,
+seed, site, split and metric) and builds every table from that table and every figure from the
+per-epoch histories, so a comparison can be rebuilt from the files alone, long after the runs:
+
+* Table II of the TMI paper: per-site test F1 / AUC at the best validation round and their average,
+  mean ± std over seeds, with a paired test of each method's per-(site, seed) F1 against a reference;
+* Table X: the out-of-distribution cohort scored by site A's best model;
+* retrogress: the test F1 a site loses right after a communication round (Fig. 1 curves and a bar
+  chart), the failure PRR is designed to remove.
+"""
 
 from __future__ import annotations
 
+import csv
+import logging
 import math
-from typing import Any
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from prrfl.storage import load_json, save_text
+
+log = logging.getLogger(__name__)
+
+RESULTS_GLOB = "**/prrfl/*/results.json"
+LONG_FIELDS = ("method", "seed", "run_id", "site", "cohort", "split", "metric", "value")
+RETROGRESS_FIELDS = ("method", "seed", "run_id", "site", "cohort", "round", "before", "after", "drop")
+WILCOXON_MIN_PAIRS = 6  # below this the signed-rank test cannot reach p < 0.05: use a paired t-test
+OOD_SITE_COHORT = "A"  # Table X: the out-of-distribution cohort is scored by site A's model
+MISSING = "–"
 
 
 def results_table(summaries: dict[str, dict[str, Any]], metrics: tuple[str, ...] = ("f1", "auc")) -> str:
@@ -28,3 +59,401 @@ def results_table(summaries: dict[str, dict[str, Any]], metrics: tuple[str, ...]
 def _nanmean(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return sum(finite) / len(finite) if finite else math.nan
+
+
+# ----- discovery ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SiteResult:
+    """One site's results file of one run."""
+
+    path: Path
+    method: str
+    seed: int
+    run_id: str
+    site: str
+    cohort: str
+    rounds_completed: int
+    best: dict[str, Any] | None
+    last: dict[str, Any] | None
+    ood: dict[str, float] | None
+    history: list[dict[str, Any]]
+
+    @classmethod
+    def load(cls, path: Path) -> "SiteResult | None":
+        """None for the server's run summary, which lives in the same folder layout."""
+        data = load_json(path)
+        if "site" not in data:
+            return None
+        keys = ("method", "seed", "run_id", "site", "cohort", "rounds_completed", "best", "last", "ood", "history")
+        return cls(path=path, **{k: data.get(k) for k in keys})
+
+    def identity(self) -> dict[str, Any]:
+        """The columns that name this site's run in every tidy table."""
+        return {"method": self.method, "seed": self.seed, "run_id": self.run_id, "site": self.site, "cohort": self.cohort}
+
+    def evaluations(self) -> dict[str, dict[str, float]]:
+        """The metric sets a run reports, by split name (absent ones left out)."""
+        best, last = self.best or {}, self.last or {}
+        found = {"best_valid": best.get("valid"), "best_test": best.get("test"), "last_test": last.get("test"), "ood": self.ood}
+        return {split: metrics for split, metrics in found.items() if metrics}
+
+
+def find_results(workspaces: Iterable[str | Path], methods: Sequence[str] | None = None) -> list[SiteResult]:
+    """Every site results file under the workspaces (of the given methods only, if any).
+
+    A file reached through two overlapping workspaces counts once. Two runs of one method with the
+    same seed are refused: the paired test matches runs by seed, and silently picking one would hide
+    which run the table shows.
+    """
+    found: dict[tuple[str, str, str], SiteResult] = {}
+    for ws in workspaces:
+        for path in sorted(Path(ws).glob(RESULTS_GLOB)):
+            result = SiteResult.load(path)
+            if result is not None and (not methods or result.method in methods):
+                found.setdefault((result.method, result.run_id, result.site), result)
+    results = sorted(found.values(), key=lambda r: (r.method, r.seed, r.cohort, r.site))
+    runs: dict[tuple[str, int], dict[str, Path]] = defaultdict(dict)
+    for r in results:
+        runs[(r.method, r.seed)].setdefault(r.run_id, r.path.parent)
+    for (method, seed), by_id in runs.items():
+        if len(by_id) > 1:
+            listing = ", ".join(f"{run_id} ({folder})" for run_id, folder in sorted(by_id.items()))
+            raise ValueError(f"method '{method}' has {len(by_id)} runs with seed {seed}: {listing}; report one of them")
+    return results
+
+
+def method_order(results: Sequence[SiteResult], methods: Sequence[str] | None, reference: str) -> list[str]:
+    """The requested methods that have results, in the requested order; else the reference first."""
+    present = {r.method for r in results}
+    if methods:
+        missing = [m for m in methods if m not in present]
+        if missing:
+            log.warning("no results for method(s) %s: left out of the report", ", ".join(missing))
+        return [m for m in methods if m in present]
+    return sorted(present, key=lambda m: (m != reference, m))
+
+
+# ----- tidy tables -------------------------------------------------------------------------
+def long_rows(results: Sequence[SiteResult]) -> list[dict[str, Any]]:
+    """One row per (method, seed, site, split, metric): the tidy form every table is built from."""
+    rows = []
+    for r in results:
+        for split, metrics in r.evaluations().items():
+            for metric in sorted(metrics):
+                rows.append({**r.identity(), "split": split, "metric": metric, "value": metrics[metric]})
+    return rows
+
+
+def retrogress_rows(results: Sequence[SiteResult], metric: str = "f1") -> list[dict[str, Any]]:
+    """One row per site and communication round r >= 1: the test metric of the last local epoch of
+    round r-1 (just before communication), right after the download of round r, and the drop."""
+    rows = []
+    for r in results:
+        before: dict[int, tuple[int, float]] = {}  # round -> (epochs_done, value) of its last epoch
+        after: dict[int, float] = {}
+        for h in r.history:
+            if h["kind"] == "epoch" and h["epochs_done"] >= before.get(h["round"], (-1, 0.0))[0]:
+                before[h["round"]] = (h["epochs_done"], h["test"][metric])
+            elif h["kind"] == "download":
+                after[h["round"]] = h["test"][metric]
+        for rnd in sorted(after):
+            if rnd - 1 in before:
+                value = before[rnd - 1][1]
+                rows.append({**r.identity(), "round": rnd, "before": value, "after": after[rnd], "drop": value - after[rnd]})
+    return rows
+
+
+def write_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def values_by_method(rows: Sequence[dict[str, Any]], split: str, metric: str) -> dict[str, dict[tuple[str, int], float]]:
+    """method -> {(cohort, seed): value} for one split and metric."""
+    out: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
+    for row in rows:
+        if row["split"] == split and row["metric"] == metric:
+            out[row["method"]][(row["cohort"], row["seed"])] = row["value"]
+    return out
+
+
+# ----- statistics --------------------------------------------------------------------------
+def mean_std(values: Sequence[float]) -> str:
+    """'mean ± std' (sample std, ddof=1) over seeds; the bare value for one seed."""
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return MISSING
+    if len(finite) == 1:
+        return f"{finite[0]:.2f}"
+    return f"{np.mean(finite):.2f} ± {sample_std(finite):.2f}"
+
+
+def sample_std(values: Sequence[float]) -> float:
+    """Sample standard deviation (ddof=1); 0 for a single value."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    p: float
+    test: str  # "Wilcoxon" or "t"
+    n: int
+
+    def __str__(self) -> str:
+        return MISSING if math.isnan(self.p) else f"{self.p:.3g} ({self.test}, n={self.n})"
+
+
+def paired_test(values: dict[Any, float], reference: dict[Any, float]) -> PairedTest:
+    """Two-sided paired test on the keys both have (here (cohort, seed)): Wilcoxon signed-rank from
+    WILCOXON_MIN_PAIRS pairs on, else a paired t-test; p is NaN with fewer than 2 pairs or when the
+    test is undefined (e.g. identical values)."""
+    from scipy import stats
+
+    keys = sorted(k for k in values.keys() & reference.keys() if not (math.isnan(values[k]) or math.isnan(reference[k])))
+    a, b = [values[k] for k in keys], [reference[k] for k in keys]
+    if len(keys) < 2:
+        return PairedTest(math.nan, "", len(keys))
+    wilcoxon = len(keys) >= WILCOXON_MIN_PAIRS
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # degenerate differences: NaN, reported as such
+        p = float((stats.wilcoxon(a, b) if wilcoxon else stats.ttest_rel(a, b)).pvalue)
+    return PairedTest(p, "Wilcoxon" if wilcoxon else "t", len(keys))
+
+
+def _seed_averages(by_key: dict[tuple[str, int], float]) -> list[float]:
+    """Per seed, the mean over the sites: the 'Avg' of one run."""
+    per_seed: dict[int, list[float]] = defaultdict(list)
+    for (_, seed), value in by_key.items():
+        per_seed[seed].append(value)
+    return [_nanmean(per_seed[s]) for s in sorted(per_seed)]
+
+
+def _cohort_values(by_key: dict[tuple[str, int], float], cohort: str) -> list[float]:
+    return [v for (c, _), v in sorted(by_key.items()) if c == cohort]
+
+
+# ----- Markdown tables ---------------------------------------------------------------------
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def table_ii(rows: Sequence[dict[str, Any]], methods: Sequence[str], reference: str, metrics: Sequence[str] = ("f1", "auc")) -> str:
+    """Rows = methods; columns = each cohort's metrics at the best validation round, their average
+    over the sites, and the paired test of the first metric against the reference."""
+    values = {m: values_by_method(rows, "best_test", m) for m in metrics}
+    cohorts = sorted({row["cohort"] for row in rows if row["split"] == "best_test"})
+    first = metrics[0]
+    header = ["method", "seeds"] + [f"{c} {m.upper()}" for c in cohorts for m in metrics]
+    header += [f"Avg {m.upper()}" for m in metrics] + [f"p ({first.upper()} vs {reference})"]
+    body = []
+    for method in methods:
+        seeds = len({seed for (_, seed) in values[first].get(method, {})})
+        cells = [method, str(seeds)]
+        cells += [mean_std(_cohort_values(values[m].get(method, {}), c)) for c in cohorts for m in metrics]
+        cells += [mean_std(_seed_averages(values[m].get(method, {}))) for m in metrics]
+        test = PairedTest(math.nan, "", 0)
+        if method != reference and reference in values[first]:
+            test = paired_test(values[first].get(method, {}), values[first][reference])
+        body.append(cells + [str(test)])
+    note = (
+        f"Test {', '.join(m.upper() for m in metrics)} (%) of each site's model at its best validation round; "
+        "Avg = mean over the sites of one run. With several seeds: mean ± sample std (ddof=1) over seeds. "
+        f"p: two-sided paired test of the per-(site, seed) test {first.upper()} against {reference} "
+        f"(Wilcoxon signed-rank when n ≥ {WILCOXON_MIN_PAIRS} pairs, else paired t-test 't'); "
+        f"{MISSING} for the reference itself, fewer than 2 pairs, or an undefined test."
+    )
+    return _markdown(header, body) + "\n\n" + note
+
+
+def table_x(rows: Sequence[dict[str, Any]], methods: Sequence[str], cohort: str = OOD_SITE_COHORT, metrics: Sequence[str] = ("f1", "auc")) -> str:
+    """The out-of-distribution cohort, scored by the best model of the site of `cohort`."""
+    ood = [row for row in rows if row["split"] == "ood" and row["cohort"] == cohort]
+    if not ood:
+        return f"No out-of-distribution evaluation of site {cohort}'s model in these results."
+    values = {m: values_by_method(ood, "ood", m) for m in metrics}
+    body = []
+    for method in methods:
+        seeds = len(values[metrics[0]].get(method, {}))
+        body.append([method, str(seeds)] + [mean_std(list(values[m].get(method, {}).values())) for m in metrics])
+    header = ["method", "seeds"] + [f"OOD {m.upper()}" for m in metrics]
+    note = f"Best-on-validation model of site {cohort} on the out-of-distribution cohort; mean ± sample std over seeds."
+    return _markdown(header, body) + "\n\n" + note
+
+
+def retrogress_summary(drops: Sequence[dict[str, Any]], methods: Sequence[str]) -> dict[str, tuple[float, float, int]]:
+    """method -> (mean drop, sample std, number of (site, round, seed) drops)."""
+    summary = {}
+    for method in methods:
+        values = [row["drop"] for row in drops if row["method"] == method]
+        if values:
+            summary[method] = (float(np.mean(values)), sample_std(values), len(values))
+    return summary
+
+
+def retrogress_table(summary: dict[str, tuple[float, float, int]], metric: str = "f1") -> str:
+    if not summary:
+        return "No per-epoch test records (eval_test_every_epoch) in these results: no retrogress measure."
+    body = [[m, f"{mean:.2f}", f"{std:.2f}", str(n)] for m, (mean, std, n) in summary.items()]
+    note = (
+        f"Drop = test {metric.upper()} after the last local epoch of round r-1 minus test {metric.upper()} right "
+        "after the download of round r (r ≥ 1), per site; mean and sample std over sites, rounds and seeds. "
+        "Positive = the download made the evaluated model worse."
+    )
+    return _markdown(["method", f"mean {metric.upper()} drop", "std", "n"], body) + "\n\n" + note
+
+
+def runs_table(results: Sequence[SiteResult], methods: Sequence[str]) -> str:
+    """Which runs the report is built from: provenance, and a check that every run finished."""
+    runs: dict[tuple[str, int, str], list[SiteResult]] = defaultdict(list)
+    for r in results:
+        runs[(r.method, r.seed, r.run_id)].append(r)
+    body = []
+    for (method, seed, run_id), sites in sorted(runs.items(), key=lambda kv: (methods.index(kv[0][0]), kv[0][1])):
+        rounds = sorted({s.rounds_completed for s in sites})
+        body.append([method, str(seed), run_id, ", ".join(f"{s.site} ({s.cohort})" for s in sites), "/".join(map(str, rounds))])
+    return _markdown(["method", "seed", "run id", "sites", "rounds completed"], body)
+
+
+# ----- figures -----------------------------------------------------------------------------
+Curve = tuple[np.ndarray, np.ndarray, np.ndarray]  # x (epochs done), mean and sample std over seeds
+
+
+def site_curves(results: Sequence[SiteResult], metric: str = "f1") -> dict[str, Curve]:
+    """cohort -> the site's per-epoch test curve (mean and std over seeds). The 'epoch' record of
+    round r-1 and the 'download' record of round r share an x: sorted by round, the curve falls
+    straight down by the retrogress at each communication."""
+    points: dict[str, dict[tuple[int, int], list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        for h in r.history:
+            if h["kind"] in ("epoch", "download"):
+                points[r.cohort][(h["epochs_done"], h["round"])].append(h["test"][metric])
+    curves = {}
+    for cohort, by_x in points.items():
+        keys = sorted(by_x)
+        x = np.array([k[0] for k in keys], dtype=float)
+        curves[cohort] = (x, np.array([np.mean(by_x[k]) for k in keys]), np.array([sample_std(by_x[k]) for k in keys]))
+    return curves
+
+
+def _communication_epochs(results: Sequence[SiteResult]) -> list[int]:
+    return sorted({h["epochs_done"] for r in results for h in r.history if h["kind"] == "download"})
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def site_colours(cohorts: Iterable[str]) -> dict[str, Any]:
+    """One fixed colour per cohort, the same in every figure."""
+    plt = _pyplot()
+    palette = plt.get_cmap("tab10").colors
+    return {c: palette[i % len(palette)] for i, c in enumerate(sorted(cohorts))}
+
+
+def plot_curves(method: str, results: Sequence[SiteResult], colours: dict[str, Any], path: Path, metric: str = "f1") -> Path:
+    """Fig. 1 of the paper for one method: test metric of each site over the local epochs, the
+    communication rounds marked; with several seeds the mean and a ±1 std band."""
+    plt = _pyplot()
+    seeds = len({r.seed for r in results})
+    sites = {r.cohort: r.site for r in results}
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for epoch in _communication_epochs(results):
+        ax.axvline(epoch, color="0.88", lw=0.8, zorder=0)
+    for cohort, (x, mean, std) in sorted(site_curves(results, metric).items()):
+        ax.plot(x, mean, color=colours[cohort], lw=1.6, label=f"{cohort} ({sites[cohort]})")
+        if seeds > 1:
+            ax.fill_between(x, mean - std, mean + std, color=colours[cohort], alpha=0.15, lw=0)
+    ax.set_ylim(0, 100)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("local epochs done (grey lines: communication rounds)")
+    ax.set_ylabel(f"test {metric.upper()} (%)")
+    spread = f"mean ± std of {seeds} seeds" if seeds > 1 else f"seed {results[0].seed}"
+    ax.set_title(f"{method}: test {metric.upper()} per site over training ({spread})")
+    ax.legend(title="site", loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # never over a curve
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_retrogress(summary: dict[str, tuple[float, float, int]], path: Path, reference: str, metric: str = "f1") -> Path:
+    """Bar per method: mean drop of the test metric right after a communication round, ±1 std."""
+    plt = _pyplot()
+    methods = list(summary)
+    means = [summary[m][0] for m in methods]
+    stds = [summary[m][1] for m in methods]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(methods) + 2), 4.5))
+    colours = ["tab:green" if m == reference else "tab:blue" for m in methods]
+    ax.bar(range(len(methods)), means, yerr=stds, capsize=4, color=colours, alpha=0.85)
+    # the numbers go under the bars: a label on a bar collides with its error bar
+    ax.set_xticks(range(len(methods)), [f"{m}\n{mean:.1f} ± {std:.1f}" for m, mean, std in zip(methods, means, stds)])
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xlabel(f"method (green: the reference, {reference})")
+    ax.set_ylabel(f"test {metric.upper()} drop (points)")
+    ax.set_title(f"Retrogress: test {metric.upper()} lost right after a communication round\n(mean ± std over sites, rounds and seeds)", fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    ax.margins(y=0.15)
+    low, high = ax.get_ylim()
+    ax.set_ylim(min(low, -1.0), max(high, 1.0))  # all-zero bars (PRR alone) read as 0 points, not as noise
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
+# ----- the report --------------------------------------------------------------------------
+def build_report(
+    workspaces: Sequence[str | Path],
+    out: str | Path,
+    methods: Sequence[str] | None = None,
+    reference: str = "prr",
+    curves: Sequence[str] | None = None,
+) -> Path:
+    """Write results_long.csv, retrogress.csv, report.md, curves_<method>.png (for `curves`, default
+    every method with per-epoch records) and retrogress.png into `out`; returns report.md's path."""
+    out = Path(out)
+    results = find_results(workspaces, methods)
+    if not results:
+        raise FileNotFoundError(f"no site results ({RESULTS_GLOB}) under {', '.join(map(str, workspaces))}")
+    order = method_order(results, methods, reference)
+    rows = long_rows(results)
+    drops = retrogress_rows(results)
+    write_csv(rows, LONG_FIELDS, out / "results_long.csv")
+    write_csv(drops, RETROGRESS_FIELDS, out / "retrogress.csv")
+    summary = retrogress_summary(drops, order)
+    figures = _figures(results, curves or order, summary, out, reference)
+    sections = [
+        "# Results\n",
+        f"## Runs\n\n{runs_table(results, order)}\n",
+        f"## Table II: per-site test F1 and AUC\n\n{table_ii(rows, order, reference)}\n",
+        f"## Table X: out-of-distribution cohort, site {OOD_SITE_COHORT}'s model\n\n{table_x(rows, order)}\n",
+        f"## Retrogress after communication\n\n{retrogress_table(summary)}\n",
+        "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n",
+    ]
+    return save_text("\n".join(sections), out / "report.md")
+
+
+def _figures(results: Sequence[SiteResult], curves: Sequence[str], summary: dict[str, tuple[float, float, int]], out: Path, reference: str) -> list[Path]:
+    colours = site_colours({r.cohort for r in results})
+    figures = []
+    for method in curves:
+        own = [r for r in results if r.method == method]
+        if any(h["kind"] == "epoch" for r in own for h in r.history):
+            figures.append(plot_curves(method, own, colours, out / f"curves_{method}.png"))
+    if summary:
+        figures.append(plot_retrogress(summary, out / "retrogress.png", reference))
+    return figures

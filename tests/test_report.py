@@ -1,0 +1,261 @@
+"""The report and the sweep on fabricated results files: numbers checked against hand computations
+and scipy, figures written, the CLI end to end; the sweep with a fake simulator."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+from scipy import stats
+
+from prrfl.cli import main
+from prrfl.report import build_report, find_results, long_rows, retrogress_rows, retrogress_summary, table_ii, table_x
+from prrfl.sweep import SweepError, sweep
+
+COHORTS = {"site-1": "A", "site-2": "B", "site-3": "C", "site-4": "D"}
+# best-round test F1 at seed 0; seed s adds SHIFT[method] * s. AUC = F1 + 10. Site A scores the OOD
+# cohort at 50 (prr) / 40 (fedavg) + SHIFT[method] * s, the other sites at 10.
+PRR_F1 = {"A": 80.0, "B": 60.0, "C": 70.0, "D": 75.0}
+FEDAVG_F1 = {"A": 71.0, "B": 57.0, "C": 63.0, "D": 74.5}
+SHIFT = {"prr": 2.0, "fedavg": -1.0}
+ROUNDS, EPOCHS = 3, 2
+
+
+def best_f1(method: str, seed: int, cohort: str) -> float:
+    return (PRR_F1 if method == "prr" else FEDAVG_F1)[cohort] + SHIFT[method] * seed
+
+
+def drop(method: str, seed: int, site_index: int) -> float:
+    """FedAvg loses 3..6 points (seed 0) or 5..8 (seed 1) at every download; PRR's P never does."""
+    return 0.0 if method == "prr" else 3.0 + 2 * seed + site_index
+
+
+def metrics(f1: float) -> dict[str, float]:
+    return {"f1": f1, "auc": f1 + 10, "acc": f1 + 5, "bacc": f1 - 5}
+
+
+def history(method: str, seed: int, site_index: int) -> list[dict]:
+    """Per-epoch test F1 40 + 5 i + 10 r + 2 e (site i, round r, epoch e); the download of round r
+    scores the last epoch of round r-1 minus the drop."""
+    records = []
+    for rnd in range(ROUNDS):
+        if rnd >= 1:
+            before = 40 + 5 * site_index + 10 * (rnd - 1) + 2 * EPOCHS
+            f1 = before - drop(method, seed, site_index)
+            records.append({"kind": "download", "round": rnd, "epochs_done": rnd * EPOCHS, "test": metrics(f1)})
+        for e in range(1, EPOCHS + 1):
+            records.append({"kind": "epoch", "round": rnd, "epochs_done": rnd * EPOCHS + e, "test": metrics(40 + 5 * site_index + 10 * rnd + 2 * e)})
+        records.append({"kind": "round", "round": rnd, "epochs_done": (rnd + 1) * EPOCHS, "valid": metrics(50), "test": metrics(60),
+                        "timing": {"round_seconds": 1.0, "train_seconds": 0.8, "train_images_per_second": 100.0}})
+    return records
+
+
+def write_run(ws: Path, method: str, seed: int, run_name: str | None = None, run_id: str | None = None) -> None:
+    """The four sites' results.json of one finished run, as prrfl.site.state writes them, plus the
+    server's run summary (same folder layout, different content) that the report must skip."""
+    run_name = run_name or f"derm_{method}_s{seed}"
+    run_id = run_id or f"{method}{seed}"
+    for i, (site, cohort) in enumerate(COHORTS.items()):
+        f1 = best_f1(method, seed, cohort)
+        ood = metrics((50.0 if method == "prr" else 40.0) + SHIFT[method] * seed) if cohort == "A" else metrics(10.0)
+        records = history(method, seed, i)
+        results = {
+            "site": site, "cohort": cohort, "method": method, "run_name": run_name, "run_id": run_id, "seed": seed,
+            "rounds_completed": ROUNDS, "num_train": 100, "class_counts": [60, 20, 20],
+            "best": {"round": 2, "valid": metrics(f1 - 1), "test": metrics(f1)}, "last": records[-1], "ood": ood, "history": records,
+        }
+        path = ws / site / "prrfl" / run_name / "results.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results))
+    server = ws / "server" / "prrfl" / run_name / "results.json"
+    server.parent.mkdir(parents=True, exist_ok=True)
+    server.write_text(json.dumps({"run_id": run_id, "config": {}, "sites": {}}))
+
+
+@pytest.fixture
+def workspaces(tmp_path) -> list[Path]:
+    """2 methods x 2 seeds, one simulator workspace per run, as a sweep leaves them."""
+    out = []
+    for method in ("prr", "fedavg"):
+        for seed in (0, 1):
+            write_run(tmp_path / f"{method}_s{seed}", method, seed)
+            out.append(tmp_path / f"{method}_s{seed}")
+    return out
+
+
+def cell(table: str, method: str) -> list[str]:
+    row = next(line for line in table.splitlines() if line.startswith(f"| {method} |"))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_discovery_skips_server_summaries_and_counts_overlapping_workspaces_once(workspaces, tmp_path):
+    results = find_results([*workspaces, tmp_path])  # tmp_path contains all four again
+    assert len(results) == 2 * 2 * 4
+    assert {(r.method, r.seed) for r in results} == {("prr", 0), ("prr", 1), ("fedavg", 0), ("fedavg", 1)}
+    assert len(find_results(workspaces, methods=["fedavg"])) == 8
+
+
+def test_two_runs_of_one_method_and_seed_are_refused(workspaces, tmp_path):
+    write_run(tmp_path / "again", "prr", 0, run_name="derm_prr_rerun", run_id="other")
+    with pytest.raises(ValueError, match="'prr' has 2 runs with seed 0"):
+        find_results([tmp_path])
+
+
+def test_long_rows_are_one_per_method_seed_site_split_metric(workspaces):
+    rows = long_rows(find_results(workspaces))
+    assert len(rows) == 16 * 4 * 4  # 16 site files x (best_valid, best_test, last_test, ood) x 4 metrics
+    row = next(r for r in rows if (r["method"], r["seed"], r["site"], r["split"], r["metric"]) == ("fedavg", 1, "site-3", "best_test", "f1"))
+    assert row["cohort"] == "C" and row["value"] == 62.0 and row["run_id"] == "fedavg1"
+
+
+def test_table_ii_mean_std_over_seeds_and_paired_p_value(workspaces):
+    rows = long_rows(find_results(workspaces))
+    table = table_ii(rows, ["prr", "fedavg"], "prr")
+    prr, fedavg = cell(table, "prr"), cell(table, "fedavg")
+    # columns: method, seeds, A F1, A AUC, B F1, B AUC, C F1, C AUC, D F1, D AUC, Avg F1, Avg AUC, p
+    assert prr[1] == "2"
+    assert prr[2] == "81.00 ± 1.41"  # 80, 82: sample std sqrt(2)
+    assert prr[3] == "91.00 ± 1.41"
+    assert fedavg[6] == "62.50 ± 0.71"  # 63, 62
+    assert prr[10] == "72.25 ± 1.41"  # site means 71.25 (seed 0), 73.25 (seed 1)
+    assert fedavg[10] == "65.88 ± 0.71"  # 66.375, 65.375
+    assert prr[12] == "–"
+    keys = [(c, s) for c in "ABCD" for s in (0, 1)]  # 8 pairs: Wilcoxon
+    expected = stats.wilcoxon([best_f1("fedavg", s, c) for c, s in keys], [best_f1("prr", s, c) for c, s in keys]).pvalue
+    assert fedavg[12] == f"{expected:.3g} (Wilcoxon, n=8)"
+    assert "Wilcoxon signed-rank when n ≥ 6 pairs, else paired t-test" in table
+
+
+def test_one_seed_gives_bare_values_and_a_paired_t_test(tmp_path):
+    for method in ("prr", "fedavg"):
+        write_run(tmp_path, method, 0)
+    table = table_ii(long_rows(find_results([tmp_path])), ["prr", "fedavg"], "prr")
+    assert cell(table, "prr")[2] == "80.00"
+    expected = stats.ttest_rel([FEDAVG_F1[c] for c in "ABCD"], [PRR_F1[c] for c in "ABCD"]).pvalue
+    assert cell(table, "fedavg")[12] == f"{expected:.3g} (t, n=4)"
+    alone = long_rows(find_results([tmp_path], methods=["fedavg"]))
+    assert cell(table_ii(alone, ["fedavg"], "prr"), "fedavg")[-1] == "–"  # no reference run
+
+
+def test_table_x_is_site_a_model_on_the_ood_cohort(workspaces):
+    table = table_x(long_rows(find_results(workspaces)), ["prr", "fedavg"])
+    assert cell(table, "prr") == ["prr", "2", "51.00 ± 1.41", "61.00 ± 1.41"]  # 50, 52 (the other sites' 10 are ignored)
+    assert cell(table, "fedavg") == ["fedavg", "2", "39.50 ± 0.71", "49.50 ± 0.71"]  # 40, 39
+
+
+def test_retrogress_is_the_drop_from_the_last_epoch_before_communication_to_the_download(workspaces):
+    drops = retrogress_rows(find_results(workspaces))
+    assert len(drops) == 16 * (ROUNDS - 1)
+    one = next(d for d in drops if (d["method"], d["seed"], d["site"], d["round"]) == ("fedavg", 1, "site-2", 2))
+    assert (one["before"], one["after"], one["drop"]) == (59, 53, 6.0)  # 40 + 5 + 10 + 2*2 = 59; drop 3 + 2 + 1
+    summary = retrogress_summary(drops, ["prr", "fedavg"])
+    assert summary["prr"] == (0.0, 0.0, 16)
+    fedavg = [3, 4, 5, 6, 5, 6, 7, 8] * 2  # sites x seeds, two rounds each
+    assert summary["fedavg"] == pytest.approx((5.5, statistics.stdev(fedavg), 16))
+
+
+def test_build_report_writes_tables_csv_and_figures(workspaces, tmp_path, caplog):
+    out = tmp_path / "report"
+    report = build_report(workspaces, out, methods=["prr", "fedavg", "fedbn"])
+    assert "no results for method(s) fedbn" in caplog.text
+    text = report.read_text()
+    for heading in ("## Runs", "## Table II", "## Table X", "## Retrogress", "![retrogress](retrogress.png)"):
+        assert heading in text
+    with open(out / "results_long.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 256 and set(rows[0]) == {"method", "seed", "run_id", "site", "cohort", "split", "metric", "value"}
+    for name in ("curves_prr.png", "curves_fedavg.png", "retrogress.png"):
+        image = matplotlib.image.imread(out / name)
+        assert image.shape[0] > 300 and image.shape[1] > 400 and image.std() > 0  # drawn, not blank
+    assert len((out / "retrogress.csv").read_text().splitlines()) == 1 + 32
+
+
+def test_cli_report_end_to_end(workspaces, tmp_path, capsys):
+    out = tmp_path / "cli_report"
+    assert main(["report", *map(str, workspaces), "--out", str(out), "--methods", "fedavg,prr", "--curves", "fedavg"]) == 0
+    assert str(out / "report.md") in capsys.readouterr().out
+    text = (out / "report.md").read_text()
+    assert text.index("| fedavg |") < text.index("| prr |")  # the requested order
+    assert (out / "curves_fedavg.png").stat().st_size > 0 and not (out / "curves_prr.png").exists()
+
+
+def test_cli_report_without_results_fails_clearly(tmp_path, capsys):
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    assert "no site results" in capsys.readouterr().err
+
+
+# ----- sweep -------------------------------------------------------------------------------
+class FakeSimulator:
+    """Stands in for `nvflare simulator`: records the command, reads the exported job's config and
+    writes the results files the sites would have written."""
+
+    def __init__(self, fail: bool = False):
+        self.commands: list[list[str]] = []
+        self.configs: list[dict] = []
+        self.fail = fail
+
+    def __call__(self, command: list[str], log: Path) -> int:
+        self.commands.append(command)
+        log.write_text("simulator output\n")
+        cfg = json.loads((Path(command[2]) / "app/config/config_fed_server.json").read_text())["workflows"][0]["args"]["config"]
+        self.configs.append(cfg)
+        if self.fail:
+            return 1
+        write_run(Path(command[command.index("-w") + 1]), cfg["method"], cfg["seed"], run_name=cfg["run_name"])
+        return 0
+
+
+def test_sweep_exports_each_run_runs_the_simulator_and_reports(tmp_path, capsys):
+    fake = FakeSimulator()
+    report = sweep(["prr"], [0, 1], tmp_path, sites=4, overrides=["num_rounds=3", "data.image_size=32"], runner=fake)
+    command = fake.commands[0]
+    assert Path(command[0]).name == "nvflare" and command[1] == "simulator"
+    assert command[2] == str(tmp_path / "jobs" / "prr_s0" / "derm_prr")
+    assert command[3:] == ["-w", str(tmp_path / "prr_s0"), "-n", "4", "-t", "4"]
+    assert [(c["seed"], c["run_name"], c["num_rounds"], c["data"]) for c in fake.configs] == [
+        (0, "derm_prr_s0", 3, {"image_size": 32}),
+        (1, "derm_prr_s1", 3, {"image_size": 32}),
+    ]
+    assert (tmp_path / "prr_s1.log").exists()
+    assert report == tmp_path / "report" / "report.md" and "81.00 ± 1.41" in report.read_text()
+    printed = capsys.readouterr().out
+    assert "[1/2] prr_s0: done in" in printed and "[2/2] prr_s1" in printed
+
+
+def test_sweep_names_the_log_of_a_failed_run(tmp_path):
+    with pytest.raises(SweepError, match=r"prr_s0 failed \(exit status 1\); see .*prr_s0\.log"):
+        sweep(["prr"], [0], tmp_path, runner=FakeSimulator(fail=True))
+
+
+def test_sweep_fails_when_sites_did_not_finish(tmp_path):
+    def silent(command: list[str], log: Path) -> int:  # exit 0 but no results: a job the server aborted
+        log.write_text("")
+        return 0
+
+    with pytest.raises(SweepError, match=r"only 0 of 4 sites finished all 5 rounds; see .*prr_s0\.log"):
+        sweep(["prr"], [0], tmp_path, runner=silent)
+
+
+def test_sweep_checks_every_job_before_running_any(tmp_path):
+    fake = FakeSimulator()
+    with pytest.raises(ValueError, match="unknown job 'derm_nosuchmethod'"):
+        sweep(["prr", "nosuchmethod"], [0], tmp_path, runner=fake)
+    assert fake.commands == []
+
+
+def test_cli_sweep_passes_its_options_and_reports_a_failure_with_status_1(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def failing_sweep(*args):
+        calls.append(args)
+        raise SweepError("run prr_s0 failed (exit status 1); see prr_s0.log")
+
+    monkeypatch.setattr("prrfl.sweep.sweep", failing_sweep)
+    argv = ["sweep", "--methods", "prr,fedavg", "--seeds", "0,1", "--workspace", str(tmp_path), "--sites", "2", "--set", "num_rounds=2"]
+    assert main(argv) == 1
+    assert calls == [(["prr", "fedavg"], [0, 1], str(tmp_path), 2, ["num_rounds=2"])]
+    assert "prr_s0.log" in capsys.readouterr().err
