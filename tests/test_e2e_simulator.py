@@ -21,9 +21,8 @@ TINY_DATA = {"image_size": 32, "synthetic_scale": 0.02, "synthetic_raw_size": [9
 
 
 def run_simulator(job: Path, workspace: Path, sites: int, cache: Path) -> subprocess.CompletedProcess:
-    nvflare = Path(sys.executable).parent / "nvflare"
     env = {**os.environ, "PRRFL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
-    cmd = [str(nvflare), "simulator", str(job), "-w", str(workspace), "-n", str(sites), "-t", str(sites)]
+    cmd = [sys.executable, "-m", "nvflare.cli", "simulator", str(job), "-w", str(workspace), "-n", str(sites), "-t", str(sites)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
 
 

@@ -82,8 +82,8 @@ def prepare(methods: Sequence[str], seeds: Sequence[int], root: Path, overrides:
 
 def simulator_command(job: Path, workspace: Path, sites: int) -> list[str]:
     """All sites as parallel threads (-t = -n): no process restart per task, the fastest setting."""
-    nvflare = Path(sys.executable).parent / "nvflare"
-    return [str(nvflare), "simulator", str(job), "-w", str(workspace), "-n", str(sites), "-t", str(sites)]
+    # the module, not a console script: works wherever this interpreter has nvflare installed
+    return [sys.executable, "-m", "nvflare.cli", "simulator", str(job), "-w", str(workspace), "-n", str(sites), "-t", str(sites)]
 
 
 def run_logged(command: list[str], log: Path) -> int:
