@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 import statistics
 from pathlib import Path
 
@@ -201,7 +202,7 @@ class FakeSimulator:
     def __call__(self, command: list[str], log: Path) -> int:
         self.commands.append(command)
         log.write_text("simulator output\n")
-        cfg = json.loads((Path(command[2]) / "app/config/config_fed_server.json").read_text())["workflows"][0]["args"]["config"]
+        cfg = json.loads((Path(command[command.index("simulator") + 1]) / "app/config/config_fed_server.json").read_text())["workflows"][0]["args"]["config"]
         self.configs.append(cfg)
         if self.fail:
             return 1
@@ -213,9 +214,9 @@ def test_sweep_exports_each_run_runs_the_simulator_and_reports(tmp_path, capsys)
     fake = FakeSimulator()
     report = sweep(["prr"], [0, 1], tmp_path, sites=4, overrides=["num_rounds=3", "data.image_size=32"], runner=fake)
     command = fake.commands[0]
-    assert Path(command[0]).name == "nvflare" and command[1] == "simulator"
-    assert command[2] == str(tmp_path / "jobs" / "prr_s0" / "derm_prr")
-    assert command[3:] == ["-w", str(tmp_path / "prr_s0"), "-n", "4", "-t", "4"]
+    assert command[:4] == [sys.executable, "-m", "nvflare.cli", "simulator"]
+    assert command[4] == str(tmp_path / "jobs" / "prr_s0" / "derm_prr")
+    assert command[5:] == ["-w", str(tmp_path / "prr_s0"), "-n", "4", "-t", "4"]
     assert [(c["seed"], c["run_name"], c["num_rounds"], c["data"]) for c in fake.configs] == [
         (0, "derm_prr_s0", 3, {"image_size": 32}),
         (1, "derm_prr_s1", 3, {"image_size": 32}),
