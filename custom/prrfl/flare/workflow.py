@@ -29,6 +29,17 @@ from prrfl.storage import load_torch, save_json, save_text, save_torch
 STATE_FILE = "server_state.pt"
 
 
+def resume_problem(saved: dict[str, Any], requested: dict[str, Any], next_round: int) -> str | None:
+    """The resume rule: the same config, except that num_rounds may grow (to extend a finished run)
+    but not fall below the rounds already completed. None when the run may resume."""
+    if {**saved, "num_rounds": None} != {**requested, "num_rounds": None}:
+        changed = sorted(k for k in set(saved) | set(requested) if k != "num_rounds" and saved.get(k) != requested.get(k))
+        return f"the config differs from the saved run's in {changed}; only num_rounds may change"
+    if requested["num_rounds"] < next_round:
+        return f"num_rounds={requested['num_rounds']} but {next_round} rounds are already completed"
+    return None
+
+
 class PersonalizedWorkflow(ModelController):
     def __init__(
         self,
@@ -107,8 +118,10 @@ class PersonalizedWorkflow(ModelController):
         if not (self.resume and path.exists()):
             return None
         state = load_torch(path)
-        if state["config"] != self.cfg.to_dict():
-            raise ValueError(f"cannot resume from {path}: it was written by a run with a different config")
+        problem = resume_problem(state["config"], self.cfg.to_dict(), state["next_round"])
+        if problem:
+            raise ValueError(f"cannot resume from {path}: {problem}")
+        state["config"] = self.cfg.to_dict()
         self.info(f"resuming run {state['run_id']} from {path} at round {state['next_round']}")
         return state
 

@@ -1,0 +1,414 @@
+"""`prrfl deploy poc`: a real FLARE deployment on localhost, from provisioning to the results table.
+
+What the simulator cannot show: the job folder runs unchanged on provisioned startup kits, with a
+server and one client process per hospital talking gRPC over mutual TLS with the provisioned
+certificates, each site reading its data root from its own local/prrfl_site.json, and the job
+submitted, followed and downloaded by an admin through the FLARE API. Every process we start runs
+in its own process group and is stopped on success, failure, Ctrl-C and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import yaml
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "workspace_templates"
+POC_TEMPLATE = TEMPLATES / "poc" / "project.yml"
+PROJECT_ADMIN_ROLE = "project_admin"
+# template site name -> cohort of the derm task (the sites are named after their cohorts)
+COHORT_OF_SITE = {"vidir-modern": "A", "vidir-molemax": "B", "rosendahl": "C", "msk": "D"}
+# server log lines worth showing while the job runs: the workflow's own messages and errors
+PROGRESS = re.compile(r" - (PersonalizedWorkflow - \w+|\w+ - ERROR) - ")
+NOISE = re.compile(r"Sending task|set transaction info|broadcast")
+
+
+class DeployError(RuntimeError):
+    """A deployment step failed; the message says which and where to look."""
+
+
+# ----- project and provisioning ------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def make_project(template: Path, num_sites: int, fl_port: int, admin_port: int) -> dict[str, Any]:
+    """The template's project with its first num_sites hospitals, their admins and the given ports."""
+    project = yaml.safe_load(template.read_text())
+    clients = [p for p in project["participants"] if p["type"] == "client"]
+    if not 1 <= num_sites <= len(clients):
+        raise DeployError(f"--sites must be 1..{len(clients)} (the hospitals of {template})")
+    kept = clients[:num_sites]
+    orgs = {c["org"] for c in kept}
+    participants = []
+    for p in project["participants"]:
+        if p["type"] == "server":
+            p = {**p, "fed_learn_port": fl_port, "admin_port": admin_port}
+        elif p["type"] == "client" and p not in kept:
+            continue
+        elif p["type"] == "admin" and p.get("role") != PROJECT_ADMIN_ROLE and p["org"] not in orgs:
+            continue
+        participants.append(p)
+    return {**project, "participants": participants}
+
+
+@dataclass
+class Kits:
+    """Paths of a provisioned project's startup kits."""
+
+    root: Path
+    server: str
+    sites: list[str]
+    admin: str
+    orgs: dict[str, str] = field(default_factory=dict)
+
+    def kit(self, name: str) -> Path:
+        return self.root / name
+
+
+def provision(project: dict[str, Any], out: Path) -> Kits:
+    """Run `nvflare provision` on the project; returns the kits of its latest prod_NN folder."""
+    out.mkdir(parents=True, exist_ok=True)
+    project_file = out / "project.yml"
+    project_file.write_text(yaml.safe_dump(project, sort_keys=False))
+    nvflare = Path(sys.executable).parent / "nvflare"
+    proc = subprocess.run(
+        [str(nvflare), "provision", "-p", str(project_file), "-w", str(out / "provision")],
+        cwd=out, capture_output=True, text=True, timeout=300,
+    )
+    if proc.returncode != 0:
+        raise DeployError(f"nvflare provision failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    prod = sorted((out / "provision" / project["name"]).glob("prod_*"))[-1]
+    parts = project["participants"]
+    return Kits(
+        root=prod,
+        server=next(p["name"] for p in parts if p["type"] == "server"),
+        sites=[p["name"] for p in parts if p["type"] == "client"],
+        admin=next(p["name"] for p in parts if p.get("role") == PROJECT_ADMIN_ROLE),
+        orgs={p["name"]: p["org"] for p in parts},
+    )
+
+
+def write_site_config(kit: Path, site: str, data_root: str | None, device: str | None) -> Path:
+    """The hospital's own settings (never part of the job): cohort, data root, device."""
+    local: dict[str, Any] = {"cohort": COHORT_OF_SITE.get(site, site)}
+    if data_root:
+        local["data_root"] = data_root
+    if device:
+        local["device"] = device
+    path = kit / "local" / "prrfl_site.json"
+    path.write_text(json.dumps(local, indent=2) + "\n")
+    return path
+
+
+# ----- processes ------------------------------------------------------------------------
+def server_command(kits: Kits) -> list[str]:
+    """What the kit's sub_start.sh runs, with this interpreter (POC processes share our venv)."""
+    ws = kits.kit(kits.server)
+    return [sys.executable, "-u", "-m", "nvflare.private.fed.app.server.server_train", "-m", str(ws), "-s",
+            "fed_server.json", "--set", "secure_train=true", f"org={kits.orgs[kits.server]}", "config_folder=config"]
+
+
+def client_command(kits: Kits, site: str) -> list[str]:
+    ws = kits.kit(site)
+    return [sys.executable, "-u", "-m", "nvflare.private.fed.app.client.client_train", "-m", str(ws), "-s",
+            "fed_client.json", "--set", "secure_train=true", f"uid={site}", f"org={kits.orgs[site]}", "config_folder=config"]
+
+
+class Processes:
+    """Long-running processes, each in its own session, stopped together with all their descendants
+    (FLARE starts each job in a new session, so killing our process groups alone would orphan them)."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, cmd: list[str], cwd: Path) -> subprocess.Popen:
+        log = open(cwd / "deploy_console.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(cmd, cwd=cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def alive(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None]
+
+    def kill(self, name: str, grace: float = 5.0) -> None:
+        """SIGTERM the process and its descendants, SIGKILL what is left after grace seconds."""
+        proc = self.procs.get(name)
+        if proc is None:
+            return
+        try:
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, left = psutil.wait_procs(tree, timeout=grace)
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(left, timeout=grace)
+        proc.poll()
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.procs)):  # sites first, the server last
+            self.kill(name)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT unwind like Ctrl-C, so the finally blocks stop the processes (SIGINT too:
+    a shell starting us in the background makes us ignore it otherwise)."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+# ----- admin session --------------------------------------------------------------------
+def open_session(kits: Kits, timeout: float):
+    """A secure FLARE API session as the project admin, retried while the server starts."""
+    from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    deadline, error = time.time() + timeout, None
+    while time.time() < deadline:
+        try:
+            return new_secure_session(kits.admin, str(kits.kit(kits.admin)), timeout=10)
+        except Exception as e:  # noqa: BLE001 - the server may still be starting
+            error = e
+            time.sleep(1)
+    raise DeployError(f"could not log in to the server as {kits.admin} within {timeout:.0f}s: {error}")
+
+
+def wait_for_sites(sess, sites: list[str], procs: Processes, timeout: float) -> None:
+    deadline = time.time() + timeout
+    connected: set[str] = set()
+    while time.time() < deadline:
+        connected = {c.name for c in sess.get_system_info().client_info}
+        if set(sites) <= connected:
+            return
+        dead = [s for s in sites if s not in procs.alive()]
+        if dead:
+            raise DeployError(f"site process(es) {dead} exited; see <kit>/deploy_console.log and log.txt")
+        time.sleep(1)
+    raise DeployError(f"sites {sorted(set(sites) - connected)} did not connect within {timeout:.0f}s")
+
+
+class LogFollower:
+    """Prints the progress lines FLARE's server logs write (the workflow's round messages)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.offsets: dict[Path, int] = {}
+
+    def poll(self) -> None:
+        for path in sorted(self.folder.rglob("log.txt")):
+            with contextlib.suppress(OSError), path.open("rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+                self.offsets[path] = f.tell()
+            for line in data.decode(errors="replace").splitlines():
+                if PROGRESS.search(line) and not NOISE.search(line):
+                    when, message = line[11:19], line.rsplit("] - ", 1)[-1]
+                    print(f"  {when} {message[:240]}", flush=True)
+
+
+def follow_job(sess, job_id: str, follower: LogFollower, procs: Processes, timeout: float) -> dict[str, Any]:
+    def callback(session, job_id, meta, *args, **kwargs) -> bool:
+        follower.poll()
+        if "server" not in procs.alive():
+            raise DeployError("the server process exited while the job was running")
+        return True
+
+    from nvflare.fuel.flare_api.api_spec import MonitorReturnCode
+
+    rc, meta = sess.monitor_job_and_return_job_meta(job_id, timeout=timeout, poll_interval=2.0, cb=callback)
+    follower.poll()
+    if rc == MonitorReturnCode.TIMEOUT:
+        raise DeployError(f"job {job_id} did not finish within {timeout:.0f}s")
+    return meta
+
+
+# ----- results --------------------------------------------------------------------------
+@dataclass
+class DeployResult:
+    job_id: str
+    status: str
+    results: dict[str, Any]
+    result_dir: Path
+    tb_dirs: dict[str, Path]
+    seconds: float
+
+
+def collect_results(sess, job_id: str, out: Path) -> tuple[dict[str, Any], Path, dict[str, Path]]:
+    """Downloads the job's server workspace; returns results.json, its folder and TB folders per site."""
+    downloaded = Path(sess.download_job_result(job_id))
+    target = out / "result"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(downloaded, target)
+    found = sorted(target.rglob("results.json"))
+    if not found:
+        raise DeployError(f"job {job_id} finished without results.json; see {target} and the server's log.txt")
+    tb_root = next(iter(sorted(target.rglob("tb_events"))), None)
+    tb = {d.name: d for d in sorted(tb_root.iterdir()) if d.is_dir()} if tb_root else {}
+    return json.loads(found[0].read_text()), target, tb
+
+
+def shutdown(sess, procs: Processes) -> None:
+    """Ask FLARE to stop politely, then make sure nothing we started is left."""
+    if sess is not None:
+        with contextlib.suppress(Exception):
+            sess.shutdown("all", wait=False)
+        with contextlib.suppress(Exception):
+            sess.close()
+        deadline = time.time() + 15
+        while procs.alive() and time.time() < deadline:
+            time.sleep(0.5)
+    procs.stop_all()
+
+
+class Deployment:
+    """A running POC deployment: kits, the server and site processes, and an admin session."""
+
+    def __init__(self, kits: Kits, env: dict[str, str] | None = None):
+        self.kits = kits
+        self.procs = Processes({**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
+        self.sess = None
+
+    def start_server(self) -> None:
+        self.procs.start("server", server_command(self.kits), self.kits.kit(self.kits.server))
+        self.sess = open_session(self.kits, timeout=120)
+
+    def start_site(self, site: str) -> None:
+        self.procs.start(site, client_command(self.kits, site), self.kits.kit(site))
+
+    def start(self) -> None:
+        self.start_server()
+        for site in self.kits.sites:
+            self.start_site(site)
+        self.wait_for_sites()
+
+    def wait_for_sites(self, timeout: float = 120) -> None:
+        wait_for_sites(self.sess, self.kits.sites, self.procs, timeout)
+
+    def kill(self, name: str) -> None:
+        """Kill a participant (and its job processes) without warning, as a crash would."""
+        if name == "server" and self.sess is not None:
+            with contextlib.suppress(Exception):
+                self.sess.close()
+            self.sess = None
+        self.procs.kill(name, grace=0)
+
+    def run_job(self, job: Path, timeout: float) -> tuple[str, str]:
+        """Submit as the admin and follow to the end; returns (job id, final status)."""
+        job_id = self.sess.submit_job(str(job))
+        print(f"job {job_id} submitted", flush=True)
+        meta = follow_job(self.sess, job_id, LogFollower(self.kits.kit(self.kits.server)), self.procs, timeout)
+        status = meta.get("status", "?")
+        print(f"job {job_id} ended: {status}", flush=True)
+        return job_id, status
+
+    def stop(self) -> None:
+        shutdown(self.sess, self.procs)
+        self.sess = None
+
+
+@contextlib.contextmanager
+def poc_deployment(
+    out: Path, num_sites: int, data_root: str | None = None, device: str | None = None,
+    template: Path = POC_TEMPLATE, env: dict[str, str] | None = None,
+) -> Iterator[Deployment]:
+    """Provision into out, start everything, yield; stop everything on exit, however it happens."""
+    kits = provision(make_project(template, num_sites, free_port(), free_port()), out)
+    print(f"provisioned {kits.root}: server, {len(kits.sites)} sites {kits.sites}, admin {kits.admin}", flush=True)
+    for site in kits.sites:
+        write_site_config(kits.kit(site), site, data_root, device)
+    deployment = Deployment(kits, env)
+    try:
+        with stop_on_signals():
+            deployment.start()
+            print(f"all {len(kits.sites)} sites connected over mTLS", flush=True)
+            yield deployment
+    finally:
+        deployment.stop()
+        print(f"all FLARE processes stopped; kits, logs and results are in {out}", flush=True)
+
+
+def deploy_poc(
+    job: Path,
+    num_sites: int = 4,
+    workdir: Path | None = None,
+    data_root: str | None = None,
+    device: str | None = None,
+    timeout: float = 3600,
+    env: dict[str, str] | None = None,
+) -> DeployResult:
+    """Provision, start, submit the job, follow, download, stop. workdir=None: a new folder under the
+    system's temp dir, kept afterwards (it holds the logs and the downloaded results)."""
+    from prrfl.report import results_table
+
+    job = Path(job).resolve()
+    if not (job / "meta.json").exists():
+        raise DeployError(f"{job} is not a FLARE job folder (no meta.json)")
+    out = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="prrfl_poc_"))
+    start = time.time()
+    with poc_deployment(out, num_sites, data_root, device, env=env) as dep:
+        job_id, status = dep.run_job(job, timeout)
+        results, result_dir, tb = collect_results(dep.sess, job_id, out)
+        print(f"results and TensorBoard events of {sorted(tb)} downloaded to {result_dir}", flush=True)
+        print(results_table(results["sites"]), flush=True)
+    return DeployResult(job_id, status, results, result_dir, tb, time.time() - start)
+
+
+def with_workflow_args(job: Path, out_root: Path, **args: Any) -> Path:
+    """A copy of the job folder whose server workflow gets these arguments (e.g. resume=True, so a
+    re-submitted job continues from the persisted state, or task_timeout)."""
+    target = Path(out_root) / Path(job).name
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(job, target)
+    config = target / "app" / "config" / "config_fed_server.json"
+    server = json.loads(config.read_text())
+    workflow = next(w for w in server["workflows"] if w["id"] == "workflow")
+    workflow["args"].update(args)
+    config.write_text(json.dumps(server, indent=4))
+    return target
+
+
+def cli(args) -> int:
+    """`prrfl deploy poc` handler: 0 when the job finished and its results came back."""
+    try:
+        result = deploy_poc(Path(args.job), args.sites, args.workdir, args.data_root, args.device, args.timeout)
+    except DeployError as e:
+        print(f"deploy failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; all FLARE processes stopped", file=sys.stderr)
+        return 130
+    print(f"POC run of {Path(args.job).name}: {result.seconds:.0f}s wall time", flush=True)
+    return 0 if result.status == "FINISHED:COMPLETED" else 1

@@ -1,0 +1,66 @@
+"""`prrfl deploy poc` end to end: provisioned kits, a server and 2 site processes over gRPC + mTLS on
+localhost, the job submitted and downloaded by the admin, everything stopped afterwards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+import yaml
+
+from prrfl.config import RunConfig
+from prrfl.deploy import POC_TEMPLATE, make_project
+from prrfl.flare.jobs import export_job, job_config
+
+TINY_DATA = {"image_size": 32, "synthetic_scale": 0.02, "synthetic_raw_size": [96, 72]}
+SITES = ["vidir-modern", "vidir-molemax"]
+
+
+def test_project_keeps_the_chosen_hospitals_their_admins_and_the_ports():
+    project = make_project(POC_TEMPLATE, 2, 9101, 9102)
+    parts = project["participants"]
+    assert project["api_version"] == 3
+    assert [p["name"] for p in parts if p["type"] == "client"] == SITES
+    server = next(p for p in parts if p["type"] == "server")
+    assert (server["fed_learn_port"], server["admin_port"]) == (9101, 9102)
+    admins = {p["name"]: p["role"] for p in parts if p["type"] == "admin"}
+    assert admins["admin@coordinator.org"] == "project_admin"
+    assert "lead@msk.org" not in admins and admins["lead@molemax.org"] == "lead"
+
+
+def test_templates_are_valid_project_files():
+    for name in ("poc", "production"):
+        project = yaml.safe_load((POC_TEMPLATE.parents[1] / name / "project.yml").read_text())
+        roles = {p.get("role") for p in project["participants"] if p["type"] == "admin"}
+        assert project["api_version"] == 3 and {"project_admin", "org_admin", "lead"} <= roles
+        assert len([p for p in project["participants"] if p["type"] == "client"]) == 4
+
+
+def our_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(marker in part for part in (p.info["cmdline"] or [])):
+            found.append(p)
+    return found
+
+
+@pytest.mark.e2e
+def test_deploy_poc_two_sites(tmp_path):
+    cfg = RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_DATA})
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=cfg)
+    work = tmp_path / "poc"
+    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "prrfl.cli", "deploy", "poc", "--job", str(job), "--sites", "2", "--workdir", str(work), "--timeout", "240"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "all 2 sites connected" in out and "round 2/2" in out and "| **mean** |" in out
+    for site in SITES:
+        assert f"| {site} |" in out
+        assert list((work / "result").rglob(f"tb_events/{site}/events.out.tfevents.*")), f"no TensorBoard events for {site}"
+        # the site kept its state in its own workspace, with the cohort from its local config
+        assert list(work.rglob(f"prod_00/{site}/prrfl/derm_prr/site_state.pt"))
+    assert not our_processes(str(work)), "FLARE processes left running"
