@@ -4,8 +4,10 @@ localhost, the job submitted and downloaded by the admin, everything stopped aft
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -47,13 +49,18 @@ def our_processes(marker: str) -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.e2e
-def test_deploy_poc_two_sites(tmp_path):
-    cfg = RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_DATA})
+def deploy_command(tmp_path, num_rounds: int = 2) -> tuple[list[str], dict[str, str], "os.PathLike"]:
+    cfg = RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": num_rounds, "local_epochs": 1, "data": TINY_DATA})
     job = export_job("derm_prr", tmp_path / "jobs", cfg=cfg)
     work = tmp_path / "poc"
     env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "prrfl.cli", "deploy", "poc", "--job", str(job), "--sites", "2", "--workdir", str(work), "--timeout", "240"]
+    return cmd, env, work
+
+
+@pytest.mark.e2e
+def test_deploy_poc_two_sites(tmp_path):
+    cmd, env, work = deploy_command(tmp_path)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
@@ -63,4 +70,25 @@ def test_deploy_poc_two_sites(tmp_path):
         assert list((work / "result").rglob(f"tb_events/{site}/events.out.tfevents.*")), f"no TensorBoard events for {site}"
         # the site kept its state in its own workspace, with the cohort from its local config
         assert list(work.rglob(f"prod_00/{site}/prrfl/derm_prr/site_state.pt"))
+    assert not our_processes(str(work)), "FLARE processes left running"
+
+
+@pytest.mark.e2e
+def test_ctrl_c_mid_job_stops_every_process(tmp_path):
+    cmd, env, work = deploy_command(tmp_path, num_rounds=50)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:  # until the job runs
+        seen.append(line)
+        if "round 1/50" in line:
+            break
+    assert proc.poll() is None, "".join(seen)[-4000:]
+    assert our_processes(str(work)), "no FLARE processes to stop"
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, ("".join(seen) + rest)[-4000:]
+    assert "interrupted; all FLARE processes stopped" in rest
+    deadline = time.time() + 10  # the processes are gone once deploy returns; allow the OS to reap them
+    while our_processes(str(work)) and time.time() < deadline:
+        time.sleep(0.5)
     assert not our_processes(str(work)), "FLARE processes left running"

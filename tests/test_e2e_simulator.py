@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,61 @@ def test_tensorboard_events_for_every_site(finished_run):
         tags = set(acc.Tags()["scalars"])
         for expected in ("loss/personal", "loss/deputy", "det/phase", "pfa/r", "valid/f1", "test/auc", "cpa/gamma_mel"):
             assert any(t.endswith(expected) for t in tags), (expected, sorted(tags))
+
+
+BAD_SITE_SCRIPT = '''"""A site whose every upload is malformed, one way per round."""
+import math
+
+from prrfl.flare import protocol as P
+from prrfl.flare.site_app import main
+
+honest, sent = P.upload_to_model, []
+
+
+def malformed(upload, summary):
+    model = honest(upload, summary)
+    kind = len(sent) % 3
+    if kind == 0:  # a NaN weight
+        key = sorted(model.params)[0]
+        model.params[key] = model.params[key].clone().fill_(math.nan)
+    elif kind == 1:  # prototypes for one class too few
+        model.meta["method"]["prototypes"] = model.meta["method"]["prototypes"][:-1]
+    else:  # negative class counts
+        model.meta["class_counts"] = [-c for c in model.meta["class_counts"]]
+    sent.append(kind)
+    return model
+
+
+P.upload_to_model = malformed
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
+    cfg = RunConfig.from_dict(
+        {**job_config("derm_prr").to_dict(), "num_rounds": 3, "local_epochs": 1, "min_sites": 1, "data": TINY_DATA}
+    )
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=cfg)
+    # site-2 runs a copy of the client app whose script corrupts what it sends
+    shutil.copytree(job / "app", job / "app_bad")
+    (job / "app_bad/custom/prrfl_site.py").write_text(BAD_SITE_SCRIPT)
+    meta = json.loads((job / "meta.json").read_text())
+    meta["deploy_map"] = {"app": ["server", "site-1"], "app_bad": ["site-2"]}
+    (job / "meta.json").write_text(json.dumps(meta))
+
+    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for round_idx, reason in enumerate(
+        ("holds NaN or Inf", "prototypes must have one row per class (3)", "class_counts must be 3 non-negative integers")
+    ):
+        lines = [line for line in out.splitlines() if f"round {round_idx}: rejected the upload of site-2: " in line]
+        assert lines and reason in lines[0], (round_idx, reason, lines)
+    state = torch.load(tmp_path / "ws/server/prrfl/derm_prr/server_state.pt", weights_only=False)
+    assert [h["sites"] for h in state["history"]] == [["site-1"]] * 3  # aggregated without it, never crashed
+    for site, download in state["downloads"].items():
+        assert all(torch.isfinite(v).all() for v in download.params.values() if v.is_floating_point()), site
+    server = json.loads((tmp_path / "ws/server/simulate_job/results.json").read_text())
+    assert sorted(server["sites"]) == ["site-1"]

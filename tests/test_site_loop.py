@@ -97,6 +97,29 @@ def test_checkpoint_resume_reproduces_an_uninterrupted_run(tiny_task, tmp_path):
     assert untimed(restarted.history) == untimed(straight.history)
 
 
+def test_a_round_the_server_did_not_record_is_redone_from_the_previous_checkpoint(tiny_task, tmp_path):
+    """The server died after the site finished round 1: the resumed job sends round 1 again."""
+    site = make_runtime(tiny_task, tmp_path)
+    round1 = next_download(run_round(site, initial_download(tiny_task), 0), 1)
+    up1 = run_round(site, round1, 1)
+    again = make_runtime(tiny_task, tmp_path)
+    assert again.restore(before_round=1) and again.round_idx == 0  # not the round-1 checkpoint
+    up1_again = run_round(again, round1, 1)
+    for key in up1.params:
+        torch.testing.assert_close(up1.params[key], up1_again.params[key], rtol=0, atol=0)
+    assert untimed(again.history) == untimed(site.history)  # round 1 once, not twice
+    fresh = make_runtime(tiny_task, tmp_path)
+    assert not fresh.restore(before_round=0) and fresh.round_idx == -1  # a new run's prepare task
+
+
+def test_rounds_a_site_missed_are_reported(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path)
+    up0 = run_round(site, initial_download(tiny_task), 0)
+    run_round(site, next_download(up0, 2), 2)  # down during round 1
+    results = json.loads((site.state_dir / "results.json").read_text())
+    assert results["rounds_completed"] == 3 and results["rounds_missed"] == [1]
+
+
 def test_a_checkpoint_of_another_run_is_ignored(tiny_task, tmp_path):
     site = make_runtime(tiny_task, tmp_path, run_id="old")
     run_round(site, initial_download(tiny_task), 0)

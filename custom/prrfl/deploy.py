@@ -204,18 +204,23 @@ def open_session(kits: Kits, timeout: float):
     raise DeployError(f"could not log in to the server as {kits.admin} within {timeout:.0f}s: {error}")
 
 
-def wait_for_sites(sess, sites: list[str], procs: Processes, timeout: float) -> None:
+def wait_for_sites(sess, started: dict[str, float], procs: Processes, timeout: float) -> None:
+    """Until every site process has registered with the server since it was started (a restarted
+    site's dead predecessor stays listed until its heartbeat times out, so being listed is not enough)."""
     deadline = time.time() + timeout
-    connected: set[str] = set()
+    ready: set[str] = set()
     while time.time() < deadline:
-        connected = {c.name for c in sess.get_system_info().client_info}
-        if set(sites) <= connected:
+        seen: dict[str, float] = {}
+        for c in sess.get_system_info().client_info:  # a name may be listed twice: dead and restarted
+            seen[c.name] = max(seen.get(c.name, 0), c.last_connect_time or 0)
+        ready = {s for s, t in started.items() if seen.get(s, 0) >= t}
+        if ready == set(started):
             return
-        dead = [s for s in sites if s not in procs.alive()]
+        dead = [s for s in started if s not in procs.alive()]
         if dead:
             raise DeployError(f"site process(es) {dead} exited; see <kit>/deploy_console.log and log.txt")
         time.sleep(1)
-    raise DeployError(f"sites {sorted(set(sites) - connected)} did not connect within {timeout:.0f}s")
+    raise DeployError(f"sites {sorted(set(started) - ready)} did not connect within {timeout:.0f}s")
 
 
 class LogFollower:
@@ -299,12 +304,14 @@ class Deployment:
         self.kits = kits
         self.procs = Processes({**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
         self.sess = None
+        self.site_started: dict[str, float] = {}
 
     def start_server(self) -> None:
         self.procs.start("server", server_command(self.kits), self.kits.kit(self.kits.server))
         self.sess = open_session(self.kits, timeout=120)
 
     def start_site(self, site: str) -> None:
+        self.site_started[site] = time.time()
         self.procs.start(site, client_command(self.kits, site), self.kits.kit(site))
 
     def start(self) -> None:
@@ -314,7 +321,7 @@ class Deployment:
         self.wait_for_sites()
 
     def wait_for_sites(self, timeout: float = 120) -> None:
-        wait_for_sites(self.sess, self.kits.sites, self.procs, timeout)
+        wait_for_sites(self.sess, self.site_started, self.procs, timeout)
 
     def kill(self, name: str) -> None:
         """Kill a participant (and its job processes) without warning, as a crash would."""

@@ -20,6 +20,8 @@ RUN_ID = "run_id"
 ROUND = "round"
 NUM_SITES = "num_sites"
 GLOBAL_COUNTS = "global_class_counts"
+# key a site puts into its result's meta when it could not do the task (the reason, naming the file)
+ERROR = "error"
 
 
 def download_to_model(download: Download, common: dict[str, Any], round_idx: int, num_rounds: int) -> FLModel:

@@ -60,7 +60,7 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
         data_root=local.data_root,
         log_scalar=(lambda tag, value, step: writer.add_scalar(tag, float(value), global_step=step)) if writer else (lambda *a: None),
     )
-    runtime.restore()
+    runtime.restore(before_round=meta.get(P.ROUND, 0))  # a prepare task (no round) starts a new run
     return runtime
 
 
@@ -76,14 +76,31 @@ def main(argv: list[str] | None = None) -> None:
         if model is None:
             break
         meta = model.meta or {}
-        if runtime is None or runtime.run_id != meta.get(P.RUN_ID):
-            runtime = build_runtime(site, meta, local, writer)
         task_name = flare.get_task_name()
-        if task_name == P.TASK_PREPARE:
-            flare.send(flare.FLModel(params={}, meta={"cohort": runtime.data.cohort, "num_train": runtime.data.num_train, "class_counts": runtime.data.class_counts}))
-        elif task_name == P.TASK_TRAIN:
-            upload = run_round(runtime, P.model_to_download(model), meta[P.ROUND])
-            results = runtime.results()
-            flare.send(P.upload_to_model(upload, {k: results[k] for k in ("best", "last", "ood", "cohort")}))
-        else:
-            raise ValueError(f"site {site}: unknown task '{task_name}'")
+        try:
+            runtime = runtime_for(runtime, site, meta, local, writer)
+            flare.send(run_task(runtime, task_name, model))
+        except Exception as e:  # noqa: BLE001 - reported to the server, which leaves this site out
+            log.exception("site %s: task '%s' failed", site, task_name)
+            runtime = None  # rebuilt from the last checkpoint if the server asks again
+            flare.send(flare.FLModel(params={}, meta={P.ERROR: f"{type(e).__name__}: {e}"}))
+
+
+def runtime_for(runtime: SiteRuntime | None, site: str, meta: dict, local: SiteConfig, writer) -> SiteRuntime:
+    """The live runtime, or a new one restored from the checkpoint: in a new process, for another run,
+    or when the server asks again for a round this process already trained (a resumed server)."""
+    round_idx = meta.get(P.ROUND)
+    if runtime is None or runtime.run_id != meta.get(P.RUN_ID) or (round_idx is not None and round_idx <= runtime.round_idx):
+        return build_runtime(site, meta, local, writer)
+    return runtime
+
+
+def run_task(runtime: SiteRuntime, task_name: str, model: flare.FLModel) -> flare.FLModel:
+    if task_name == P.TASK_PREPARE:
+        data = runtime.data
+        return flare.FLModel(params={}, meta={"cohort": data.cohort, "num_train": data.num_train, "class_counts": data.class_counts})
+    if task_name == P.TASK_TRAIN:
+        upload = run_round(runtime, P.model_to_download(model), model.meta[P.ROUND])
+        results = runtime.results()
+        return P.upload_to_model(upload, {k: results[k] for k in ("best", "last", "ood", "cohort")})
+    raise ValueError(f"site {runtime.name}: unknown task '{task_name}'")

@@ -65,15 +65,20 @@ class PersonalizedWorkflow(ModelController):
         cfg = self.cfg
         task = build_task(cfg)
         method = build_method(cfg, task)
-        sites = sorted(c.name for c in self.engine.get_clients())
-        min_sites = cfg.min_sites or len(sites)
+        clients = sorted(c.name for c in self.engine.get_clients())
+        min_sites = cfg.min_sites or len(clients)
         state_dir = Path(self.state_dir or Path(self.engine.get_workspace().get_root_dir()) / "prrfl" / cfg.run_name)
         state = self._load_state(state_dir)
         if state is None:
-            state = self._new_state(cfg, task, sites, min_sites)
+            state = self._new_state(cfg, task, clients, min_sites)
             if state is None:
                 return
             save_torch(state, state_dir / STATE_FILE)
+        # the sites that prepared their data at the run's start and take part in this job
+        sites = sorted(set(state["site_counts"]) & set(clients))
+        absent = sorted(set(state["site_counts"]) - set(clients))
+        if absent:
+            self.warning(f"sites of run {state['run_id']} not in this job: {absent}; they keep their last download")
         torch.manual_seed(cfg.seed)
         model = task.build_model()
         reference = {k: v for k, v in model.state_dict().items() if k in set(method.shared_keys(model))}
@@ -91,6 +96,9 @@ class PersonalizedWorkflow(ModelController):
             for site in sites:
                 if site not in answers:
                     self.warning(f"round {round_idx}: no result from {site}; it keeps its previous download")
+                    continue
+                if (answers[site].meta or {}).get(P.ERROR):
+                    self.error(f"round {round_idx}: {site} failed: {answers[site].meta[P.ERROR]}; it keeps its previous download")
                     continue
                 upload = P.model_to_upload(site, answers[site])
                 problem = upload_problem(upload, reference, task.num_classes)
@@ -133,6 +141,9 @@ class PersonalizedWorkflow(ModelController):
         counts = {}
         for site in sites:
             meta = answers[site].meta if site in answers else None
+            if meta and meta.get(P.ERROR):
+                self.error(f"{site} cannot take part in this run: {meta[P.ERROR]}")
+                continue
             if not meta or len(meta.get("class_counts", [])) != task.num_classes:
                 self.warning(f"{site} did not report usable class counts; it is left out of this run")
                 continue
@@ -151,7 +162,7 @@ class PersonalizedWorkflow(ModelController):
             "next_round": 0,
             "global_counts": global_counts,
             "site_counts": counts,
-            "downloads": {s: initial for s in sites},
+            "downloads": {s: initial for s in counts},
             "method_memory": {},
             "summaries": {},
             "history": [],

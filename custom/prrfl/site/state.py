@@ -4,6 +4,10 @@ Everything a site needs between rounds (both models, optimiser state, RNG state,
 memory, best-on-validation record, history) lives in one checkpoint in the site's own workspace,
 written atomically after every round: FLARE may relaunch the site process for every task, and a
 site that crashes resumes from its last completed round.
+
+The previous round's checkpoint is kept too: when the server dies after a site finished round r
+but before the server recorded it, the resumed job sends round r again, and the site must redo it
+from its state after round r-1, not train it twice.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from prrfl.tasks.base import SiteData, Split, Task
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "site_state.pt"
+PREVIOUS_CHECKPOINT = "site_state.previous.pt"
 RESULTS = "results.json"
 
 Scalar = Callable[[str, float, int], None]
@@ -84,6 +89,9 @@ class SiteRuntime:
 
     # ----- persistence -----------------------------------------------------------------
     def save(self) -> None:
+        current = self.state_dir / CHECKPOINT
+        if current.exists():  # a crash between the two steps leaves the previous one: still consistent
+            current.replace(self.state_dir / PREVIOUS_CHECKPOINT)
         save_torch(
             {
                 "run_id": self.run_id,
@@ -100,15 +108,29 @@ class SiteRuntime:
         )
         save_json(self.results(), self.state_dir / RESULTS)
 
-    def restore(self) -> bool:
-        """Load the checkpoint of this run if there is one; False when starting fresh."""
-        path = self.state_dir / CHECKPOINT
-        if not path.exists():
-            return False
-        ckpt = load_torch(path, map_location=self.device)
-        if ckpt.get("run_id") != self.run_id:
-            log.info("site %s: checkpoint %s belongs to another run (%s); starting fresh", self.name, path, ckpt.get("run_id"))
-            return False
+    def restore(self, before_round: int | None = None) -> bool:
+        """Load this run's newest checkpoint of a round before `before_round` (any round when None);
+        False when starting fresh."""
+        for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
+            path = self.state_dir / name
+            if not path.exists():
+                continue
+            ckpt = load_torch(path, map_location=self.device)
+            if ckpt.get("run_id") != self.run_id:
+                log.info("site %s: checkpoint %s belongs to another run (%s); ignored", self.name, path, ckpt.get("run_id"))
+                continue
+            if before_round is not None and ckpt["round_idx"] >= before_round:
+                log.warning(
+                    "site %s: %s is of round %d but the server asks for round %d (it did not record the site's "
+                    "last upload); looking for an earlier checkpoint", self.name, path, ckpt["round_idx"], before_round,
+                )
+                continue
+            self._load(ckpt)
+            log.info("site %s: resumed from %s after round %d", self.name, path, self.round_idx)
+            return True
+        return False
+
+    def _load(self, ckpt: dict[str, Any]) -> None:
         for role, model in self.models.items():
             model.load_state_dict(ckpt["models"][role])
         for role, opt in self.optimizers.items():
@@ -119,11 +141,10 @@ class SiteRuntime:
         self.best = ckpt["best"]
         self.ood = ckpt["ood"]
         self.history = ckpt["history"]
-        log.info("site %s: resumed from %s after round %d", self.name, path, self.round_idx)
-        return True
 
     def results(self) -> dict[str, Any]:
         last = next((h for h in reversed(self.history) if h["kind"] == "round"), None)
+        trained = {h["round"] for h in self.history if h["kind"] == "round"}
         return {
             "site": self.name,
             "cohort": self.data.cohort,
@@ -131,7 +152,8 @@ class SiteRuntime:
             "run_name": self.cfg.run_name,
             "run_id": self.run_id,
             "seed": self.cfg.seed,
-            "rounds_completed": self.round_idx + 1,
+            "rounds_completed": self.round_idx + 1,  # the run's rounds up to this site's last one
+            "rounds_missed": sorted(set(range(self.round_idx + 1)) - trained),  # e.g. while the site was down
             "num_train": self.data.num_train,
             "class_counts": self.data.class_counts,
             "best": self.best,
