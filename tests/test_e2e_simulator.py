@@ -82,8 +82,8 @@ from prrfl.flare.site_app import main
 honest, sent = P.upload_to_model, []
 
 
-def malformed(upload, summary):
-    model = honest(upload, summary)
+def malformed(*args):
+    model = honest(*args)
     kind = len(sent) % 3
     if kind == 0:  # a NaN weight
         key = sorted(model.params)[0]
@@ -129,3 +129,17 @@ def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
         assert all(torch.isfinite(v).all() for v in download.params.values() if v.is_floating_point()), site
     server = json.loads((tmp_path / "ws/server/simulate_job/results.json").read_text())
     assert sorted(server["sites"]) == ["site-1"]
+
+
+def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):
+    cfg = RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_DATA})
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=cfg, privacy="percentile")
+    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for site in ("site-1", "site-2"):  # the filter logs on the site, once per upload
+        site_log = (tmp_path / "ws" / site / "log.txt").read_text(errors="replace")
+        assert site_log.count("PercentilePrivacy - INFO") == 2, f"the filter did not run on every upload of {site}"
+    assert "rejected the upload" not in out
+    state = torch.load(tmp_path / "ws/server/prrfl/derm_prr/server_state.pt", weights_only=False)
+    assert [h["sites"] for h in state["history"]] == [["site-1", "site-2"]] * 2

@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.fl_model import ParamsType
+from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from prrfl.config import RunConfig
-from prrfl.flare.jobs import JOBS, export_job, job_config, job_files
+from prrfl.flare import protocol as P
+from prrfl.flare.jobs import JOBS, PRIVACY_FILTERS, export_job, job_config, job_files
 from prrfl.flare.validation import upload_problem
 from prrfl.methods.base import Upload
 from prrfl.tasks.derm import DermTask
@@ -92,3 +96,51 @@ def test_flare_site_names_map_to_cohorts():
         task.cohort_of("site-5")
     with pytest.raises(ValueError, match="unknown derm data option"):
         DermTask({"img_size": 32})
+
+
+def _trained_upload(received: dict[str, torch.Tensor]) -> Upload:
+    g = torch.Generator().manual_seed(0)
+    params = {k: v + 0.02 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v + 5 for k, v in received.items()}
+    protos = [[0.5] * 4] * 3
+    return Upload("s", params, 6, [1, 2, 3], {"prototypes": protos, "prototype_present": [True] * 3})
+
+
+def test_a_site_uploads_the_difference_and_the_server_adds_back_what_it_sent():
+    received = {"w": torch.randn(4, 5), "n": torch.tensor(7)}
+    upload = _trained_upload(received)
+    sent = P.upload_to_model(upload, {}, received)
+    assert sent.params_type == ParamsType.DIFF
+    assert torch.equal(sent.params["n"], torch.tensor(5))
+    back = P.model_to_upload("s", sent)
+    assert upload_problem(back, received, num_classes=3) is None
+    rebuilt = P.add_to_sent(back, received)
+    torch.testing.assert_close(rebuilt.params["w"], upload.params["w"])
+    assert torch.equal(rebuilt.params["n"], upload.params["n"]) and rebuilt.params["n"].dtype == torch.long
+    assert rebuilt.meta == upload.meta and rebuilt.class_counts == upload.class_counts
+    with pytest.raises(KeyError, match="not in the download"):
+        P.upload_to_model(upload, {}, {"w": received["w"]})
+
+
+def test_flare_percentile_privacy_filter_applies_to_the_upload():
+    """The filter a job gets with `prrfl jobs export --privacy percentile`, on the exact result a site sends."""
+    received = {"w": torch.randn(20, 30), "n": torch.tensor(7)}
+    upload = _trained_upload(received)
+    shareable = FLModelUtils.to_shareable(P.upload_to_model(upload, {}, received))
+    filtered = FLModelUtils.from_shareable(PRIVACY_FILTERS["percentile"]().process(shareable, FLContext()))
+    back = P.model_to_upload("s", filtered)
+    assert upload_problem(back, received, num_classes=3) is None  # still a well-formed upload
+    diff = back.params["w"]
+    assert diff.abs().max() <= 0.01 + 1e-7  # clipped to gamma
+    assert 0.08 <= float((diff == 0).float().mean()) <= 0.12  # the smallest 10 % withheld
+    assert back.meta == upload.meta and back.class_counts == upload.class_counts
+    rebuilt = P.add_to_sent(back, received)
+    assert torch.equal(rebuilt.params["w"][diff == 0], received["w"][diff == 0])
+
+
+def test_a_privacy_filter_is_added_to_the_train_results(tmp_path):
+    job = export_job("derm_prr", tmp_path, privacy="percentile")
+    client = json.loads((job / "app/config/config_fed_client.json").read_text())
+    (entry,) = client["task_result_filters"]
+    assert entry["tasks"] == ["train"] and entry["filters"][0]["path"].endswith("PercentilePrivacy")
+    with pytest.raises(ValueError, match="unknown privacy filter"):
+        export_job("derm_prr", tmp_path, privacy="blur")

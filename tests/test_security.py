@@ -30,10 +30,10 @@ def sent_by_site(task, tmp_path, method: str):
     torch.manual_seed(0)
     initial = Download(params=task.build_model().state_dict())
     common = {P.CONFIG: site.cfg.to_dict(), P.RUN_ID: site.run_id, P.NUM_SITES: 2, P.GLOBAL_COUNTS: [20, 20, 20]}
-    received = P.download_to_model(initial, common, 0, site.cfg.num_rounds)
-    upload = run_round(site, P.model_to_download(received), 0)
+    received = P.model_to_download(P.download_to_model(initial, common, 0, site.cfg.num_rounds))
+    upload = run_round(site, received, 0)
     results = site.results()
-    return site, P.upload_to_model(upload, {k: results[k] for k in ("best", "last", "ood", "cohort")})
+    return site, P.upload_to_model(upload, {k: results[k] for k in ("best", "last", "ood", "cohort")}, received.params)
 
 
 def numbers_in(value) -> list[int]:

@@ -36,7 +36,7 @@ def _jobs_export(args: argparse.Namespace) -> int:
 
     for name in args.names or sorted(JOBS):
         cfg = RunConfig.from_dict(apply_overrides(job_config(name).to_dict(), args.set))
-        print(export_job(name, args.out, cfg=cfg, bundle=args.bundle))
+        print(export_job(name, args.out, cfg=cfg, bundle=args.bundle, privacy=args.privacy))
     return 0
 
 
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--out", default="jobs")
     export.add_argument("--bundle", action="store_true", help="copy the prrfl package into each job's custom/")
     export.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    export.add_argument("--privacy", choices=["percentile", "svt"], help="add this FLARE privacy filter to the sites' uploads")
     export.set_defaults(func=_jobs_export)
     check = jobs.add_parser("check", help="fail if the committed job folders differ from the code")
     check.add_argument("--dir", default="jobs")

@@ -8,6 +8,7 @@ script + the event converter that streams each site's scalars to the server) dep
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import tempfile
@@ -15,14 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE
+from nvflare.apis.dxo import DataKind
+from nvflare.app_common.filters.percentile_privacy import PercentilePrivacy
+from nvflare.app_common.filters.svt_privacy import SVTPrivacy
 from nvflare.app_common.widgets.convert_to_fed_event import ConvertToFedEvent
 from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.client.config import ExchangeFormat
 from nvflare.fuel.utils.constants import FrameworkType
 from nvflare.job_config.api import FedJob
+from nvflare.job_config.defs import FilterType
 from nvflare.job_config.script_runner import ScriptRunner
 
 from prrfl.config import RunConfig
+from prrfl.flare.protocol import TASK_TRAIN
 from prrfl.flare.workflow import PersonalizedWorkflow
 from prrfl.registry import method_names
 
@@ -47,13 +53,24 @@ JOBS: dict[str, dict[str, Any]] = {
 }
 
 
+# FLARE's privacy filters, applied by each site to its train result (a weight difference) before it
+# leaves the site, and only to weight differences (on full weights they would wreck the model);
+# FLARE's default arguments otherwise, to be tuned per job in app/config/config_fed_client.json.
+PRIVACY_FILTERS = {
+    # share only the largest 90 % of |diff|, each clipped to 0.01
+    "percentile": functools.partial(PercentilePrivacy, data_kinds=[DataKind.WEIGHT_DIFF]),
+    # differential privacy by the sparse vector technique: a noisy 10 % of the diff
+    "svt": functools.partial(SVTPrivacy, data_kinds=[DataKind.WEIGHT_DIFF]),
+}
+
+
 def job_config(name: str) -> RunConfig:
     if name not in JOBS:
         raise ValueError(f"unknown job '{name}'; available: {sorted(JOBS)}")
     return RunConfig.from_dict({"task": "derm", "run_name": name, **JOBS[name]})
 
 
-def build_job(name: str, cfg: RunConfig | None = None, min_clients: int = 1) -> FedJob:
+def build_job(name: str, cfg: RunConfig | None = None, min_clients: int = 1, privacy: str | None = None) -> FedJob:
     cfg = cfg or job_config(name)
     job = FedJob(name=name, min_clients=min_clients)
     job.to_server(PersonalizedWorkflow(config=cfg.to_dict()), id="workflow")
@@ -65,22 +82,31 @@ def build_job(name: str, cfg: RunConfig | None = None, min_clients: int = 1) -> 
     )
     job.to_clients(runner)
     job.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTIC_EVENT_TYPE]), id="event_to_fed")
+    if privacy:
+        if privacy not in PRIVACY_FILTERS:
+            raise ValueError(f"unknown privacy filter '{privacy}'; available: {sorted(PRIVACY_FILTERS)}")
+        job.to_clients(PRIVACY_FILTERS[privacy](), filter_type=FilterType.TASK_RESULT, tasks=[TASK_TRAIN])
     return job
 
 
 def export_job(
-    name: str, out_root: str | Path, cfg: RunConfig | None = None, min_clients: int = 1, bundle: bool = False
+    name: str,
+    out_root: str | Path,
+    cfg: RunConfig | None = None,
+    min_clients: int = 1,
+    bundle: bool = False,
+    privacy: str | None = None,
 ) -> Path:
     """Write <out_root>/<name>/ (meta.json, app/config, app/custom/prrfl_site.py), replacing an old one.
 
     The sites import prrfl from their installation (pip install -e . on every site). bundle=True also
     copies the whole package into app/custom/ for sites that cannot install it (FLARE puts custom/
-    on the path).
+    on the path). privacy: one of PRIVACY_FILTERS, added to every site's train results.
     """
     out_root = Path(out_root).resolve()
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         shutil.copy(SITE_SCRIPT, SITE_SCRIPT.name)
-        build_job(name, cfg, min_clients).export_job("export")
+        build_job(name, cfg, min_clients, privacy).export_job("export")
         exported = Path(tmp) / "export" / name
         # FLARE copies the imported modules it can trace, a partial package: keep it whole or not at all
         shutil.rmtree(exported / "app" / "custom" / "prrfl", ignore_errors=True)

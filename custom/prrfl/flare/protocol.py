@@ -1,12 +1,17 @@
-"""What travels in FLModel.meta between the workflow and the sites, in one place.
+"""What travels between the workflow and the sites, in one place.
 
 Params are torch tensors (PYTORCH exchange format); meta holds only lists, numbers and strings.
+A site uploads the difference between its trained weights and the download it received
+(ParamsType.DIFF, a WEIGHT_DIFF DXO), as FLARE's privacy filters expect; the server, which knows
+what it sent, adds it back.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from prrfl.methods.base import Download, Upload
@@ -38,10 +43,14 @@ def model_to_download(model: FLModel) -> Download:
     return Download(params=dict(model.params or {}), meta=dict(model.meta or {}))
 
 
-def upload_to_model(upload: Upload, summary: dict[str, Any]) -> FLModel:
+def upload_to_model(upload: Upload, summary: dict[str, Any], received: dict[str, torch.Tensor]) -> FLModel:
+    """The site's result: its shared weights minus the `received` download, and its statistics."""
+    missing = sorted(set(upload.params) - set(received))
+    if missing:
+        raise KeyError(f"site {upload.site}: cannot send a difference for {missing[:5]}: not in the download it received")
     return FLModel(
-        params_type=ParamsType.FULL,
-        params=upload.params,
+        params_type=ParamsType.DIFF,
+        params={k: v - received[k].to(v.device, v.dtype) for k, v in upload.params.items()},
         meta={
             "num_train": upload.num_train,
             "class_counts": upload.class_counts,
@@ -52,11 +61,20 @@ def upload_to_model(upload: Upload, summary: dict[str, Any]) -> FLModel:
 
 
 def model_to_upload(site: str, model: FLModel) -> Upload:
+    """The site's result as an Upload whose params are still the differences (checked before use).
+    Arrays a privacy filter returned as numpy become tensors again."""
     meta = model.meta or {}
+    params = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for k, v in (model.params or {}).items()}
     return Upload(
         site=site,
-        params=dict(model.params or {}),
+        params=params,
         num_train=meta.get("num_train", -1),
         class_counts=meta.get("class_counts", []),
         meta=meta.get("method", {}),
     )
+
+
+def add_to_sent(upload: Upload, sent: dict[str, torch.Tensor]) -> Upload:
+    """The site's trained weights: what the server sent plus the (checked) difference, in the sent dtype."""
+    params = {k: (sent[k] + d.to(sent[k].device)).to(sent[k].dtype) for k, d in upload.params.items()}
+    return Upload(upload.site, params, upload.num_train, upload.class_counts, upload.meta)

@@ -100,7 +100,8 @@ def run_task(runtime: SiteRuntime, task_name: str, model: flare.FLModel) -> flar
         data = runtime.data
         return flare.FLModel(params={}, meta={"cohort": data.cohort, "num_train": data.num_train, "class_counts": data.class_counts})
     if task_name == P.TASK_TRAIN:
-        upload = run_round(runtime, P.model_to_download(model), model.meta[P.ROUND])
+        download = P.model_to_download(model)
+        upload = run_round(runtime, download, model.meta[P.ROUND])
         results = runtime.results()
-        return P.upload_to_model(upload, {k: results[k] for k in ("best", "last", "ood", "cohort")})
+        return P.upload_to_model(upload, {k: results[k] for k in ("best", "last", "ood", "cohort")}, download.params)
     raise ValueError(f"site {runtime.name}: unknown task '{task_name}'")

@@ -101,11 +101,11 @@ class PersonalizedWorkflow(ModelController):
                     self.error(f"round {round_idx}: {site} failed: {answers[site].meta[P.ERROR]}; it keeps its previous download")
                     continue
                 upload = P.model_to_upload(site, answers[site])
-                problem = upload_problem(upload, reference, task.num_classes)
+                problem = upload_problem(upload, reference, task.num_classes)  # on the difference, before use
                 if problem:
                     self.error(f"round {round_idx}: rejected the upload of {site}: {problem}")
                     continue
-                uploads.append(upload)
+                uploads.append(P.add_to_sent(upload, state["downloads"][site].params))
                 summaries[site] = (answers[site].meta or {}).get("summary", {})
             if len(uploads) < min_sites:
                 self.panic(f"round {round_idx}: only {len(uploads)} usable uploads, fewer than min_sites={min_sites}")
