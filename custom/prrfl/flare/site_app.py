@@ -79,11 +79,12 @@ def main(argv: list[str] | None = None) -> None:
         task_name = flare.get_task_name()
         try:
             runtime = runtime_for(runtime, site, meta, local, writer)
-            flare.send(run_task(runtime, task_name, model))
+            result = run_task(runtime, task_name, model)
         except Exception as e:  # noqa: BLE001 - reported to the server, which leaves this site out
             log.exception("site %s: task '%s' failed", site, task_name)
             runtime = None  # rebuilt from the last checkpoint if the server asks again
-            flare.send(flare.FLModel(params={}, meta={P.ERROR: f"{type(e).__name__}: {e}"}))
+            result = flare.FLModel(params={}, meta={P.ERROR: f"{type(e).__name__}: {e}"})
+        flare.send(result)
 
 
 def runtime_for(runtime: SiteRuntime | None, site: str, meta: dict, local: SiteConfig, writer) -> SiteRuntime:
