@@ -106,3 +106,20 @@ def make_runtime(task: TinyTask, tmp_path, site: str = "A", run_id: str = "run",
 
 def as_numpy(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in state.items()}
+
+
+def untimed(history: list[dict]) -> list[dict]:
+    """A site's history without wall-clock timings (what must repeat exactly with the same seed)."""
+    return [{k: v for k, v in h.items() if k != "timing"} for h in history]
+
+
+# the smallest synthetic federation a FLARE end-to-end run trains on: 32 px, 2 % of Table I
+TINY_DATA = {"image_size": 32, "synthetic_scale": 0.02, "synthetic_raw_size": [96, 72]}
+
+
+def tiny_derm_config(**overrides):
+    """derm_prr at 2 rounds x 1 epoch on TINY_DATA (overrides win), for simulator and POC runs."""
+    from prrfl.config import RunConfig
+    from prrfl.flare.jobs import job_config
+
+    return RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_DATA, **overrides})

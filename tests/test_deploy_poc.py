@@ -13,11 +13,10 @@ import psutil
 import pytest
 import yaml
 
-from prrfl.config import RunConfig
+from conftest import tiny_derm_config
 from prrfl.deploy import POC_TEMPLATE, make_project
-from prrfl.flare.jobs import export_job, job_config
+from prrfl.flare.jobs import export_job
 
-TINY_DATA = {"image_size": 32, "synthetic_scale": 0.02, "synthetic_raw_size": [96, 72]}
 SITES = ["vidir-modern", "vidir-molemax"]
 
 
@@ -50,8 +49,7 @@ def our_processes(marker: str) -> list[psutil.Process]:
 
 
 def deploy_command(tmp_path, num_rounds: int = 2) -> tuple[list[str], dict[str, str], "os.PathLike"]:
-    cfg = RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": num_rounds, "local_epochs": 1, "data": TINY_DATA})
-    job = export_job("derm_prr", tmp_path / "jobs", cfg=cfg)
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=num_rounds))
     work = tmp_path / "poc"
     env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "prrfl.cli", "deploy", "poc", "--job", str(job), "--sites", "2", "--workdir", str(work), "--timeout", "240"]

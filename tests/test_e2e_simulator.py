@@ -13,12 +13,11 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from prrfl.flare.jobs import export_job, job_config
-from prrfl.config import RunConfig
+from conftest import tiny_derm_config
+from prrfl.flare.jobs import export_job
 
 pytestmark = pytest.mark.e2e
 
-TINY_DATA = {"image_size": 32, "synthetic_scale": 0.02, "synthetic_raw_size": [96, 72]}
 
 
 def run_simulator(job: Path, workspace: Path, sites: int, cache: Path) -> subprocess.CompletedProcess:
@@ -30,8 +29,7 @@ def run_simulator(job: Path, workspace: Path, sites: int, cache: Path) -> subpro
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
-    cfg = RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_DATA})
-    job = export_job("derm_prr", root / "jobs", cfg=cfg)
+    job = export_job("derm_prr", root / "jobs", cfg=tiny_derm_config())
     proc = run_simulator(job, root / "ws", sites=2, cache=root / "cache")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return root / "ws", proc
@@ -104,10 +102,7 @@ if __name__ == "__main__":
 
 
 def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
-    cfg = RunConfig.from_dict(
-        {**job_config("derm_prr").to_dict(), "num_rounds": 3, "local_epochs": 1, "min_sites": 1, "data": TINY_DATA}
-    )
-    job = export_job("derm_prr", tmp_path / "jobs", cfg=cfg)
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=3, min_sites=1))
     # site-2 runs a copy of the client app whose script corrupts what it sends
     shutil.copytree(job / "app", job / "app_bad")
     (job / "app_bad/custom/prrfl_site.py").write_text(BAD_SITE_SCRIPT)
@@ -132,8 +127,7 @@ def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
 
 
 def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):
-    cfg = RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_DATA})
-    job = export_job("derm_prr", tmp_path / "jobs", cfg=cfg, privacy="percentile")
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(), privacy="percentile")
     proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

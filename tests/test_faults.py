@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import TINY_DATA, tiny_derm_config, untimed
 from prrfl.config import RunConfig
 from prrfl.data.derm import ensure_synthetic_federation
 from prrfl.deploy import poc_deployment, with_workflow_args, write_site_config
 from prrfl.flare.jobs import export_job, job_config
 from prrfl.flare.workflow import STATE_FILE, resume_problem
 
-TINY_DATA = {"image_size": 32, "synthetic_scale": 0.02, "synthetic_raw_size": [96, 72]}
 
 
 def test_resume_rule_only_lets_num_rounds_grow():
@@ -32,8 +32,7 @@ def test_resume_rule_only_lets_num_rounds_grow():
 
 
 def tiny_job(root: Path, run_name: str, **overrides) -> Path:
-    cfg = {**job_config("derm_prr").to_dict(), "run_name": run_name, "num_rounds": 2, "local_epochs": 1, "data": TINY_DATA, **overrides}
-    return export_job("derm_prr", root / run_name, cfg=RunConfig.from_dict(cfg))
+    return export_job("derm_prr", root / run_name, cfg=tiny_derm_config(run_name=run_name, **overrides))
 
 
 def server_state(dep, run_name: str) -> dict | None:
@@ -47,10 +46,6 @@ def server_log(dep) -> str:
 
 def site_results(dep, site: str, run_name: str) -> dict:
     return json.loads((dep.kits.kit(site) / "prrfl" / run_name / "results.json").read_text())
-
-
-def untimed(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in h.items() if k != "timing"} for h in history]
 
 
 def job_log(dep, job_id: str) -> str:

@@ -7,15 +7,11 @@ import json
 import numpy as np
 import torch
 
-from conftest import as_numpy, make_runtime
+from conftest import as_numpy, make_runtime, untimed
 from prrfl.methods.base import Download
 from prrfl.site.trainer import run_round
 
 COUNTS = [20, 20, 20]
-
-
-def untimed(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in h.items() if k != "timing"} for h in history]
 
 
 def initial_download(task) -> Download:
