@@ -45,13 +45,13 @@ def test_sites_and_server_write_results(finished_run):
         assert 0 <= results["best"]["test"]["f1"] <= 100
         assert 0 <= results["ood"]["f1"] <= 100  # best model on the out-of-distribution cohort
         assert server["sites"][site]["best"] == results["best"]
-        assert (ws / site / "prrfl/derm_prr/site_state.pt").exists()
+        assert (ws.with_name("ws.state") / site / "derm_prr/site_state.pt").exists()
     assert "| **mean** |" in proc.stdout + proc.stderr  # the job prints the per-site table
 
 
 def test_each_site_gets_its_own_pfa_download(finished_run):
     ws, _ = finished_run
-    state = torch.load(ws / "server/prrfl/derm_prr/server_state.pt", weights_only=False)
+    state = torch.load(ws.with_name("ws.state") / "server/derm_prr/server_state.pt", weights_only=False)
     assert state["next_round"] == 2
     one, two = state["downloads"]["site-1"].params, state["downloads"]["site-2"].params
     assert set(one) == set(two) and not any("bn" in k for k in one)  # BN stays at the sites
@@ -118,7 +118,7 @@ def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
     ):
         lines = [line for line in out.splitlines() if f"round {round_idx}: rejected the upload of site-2: " in line]
         assert lines and reason in lines[0], (round_idx, reason, lines)
-    state = torch.load(tmp_path / "ws/server/prrfl/derm_prr/server_state.pt", weights_only=False)
+    state = torch.load(tmp_path / "ws.state/server/derm_prr/server_state.pt", weights_only=False)
     assert [h["sites"] for h in state["history"]] == [["site-1"]] * 3  # aggregated without it, never crashed
     for site, download in state["downloads"].items():
         assert all(torch.isfinite(v).all() for v in download.params.values() if v.is_floating_point()), site
@@ -135,5 +135,21 @@ def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):
         site_log = (tmp_path / "ws" / site / "log.txt").read_text(errors="replace")
         assert site_log.count("PercentilePrivacy - INFO") == 2, f"the filter did not run on every upload of {site}"
     assert "rejected the upload" not in out
-    state = torch.load(tmp_path / "ws/server/prrfl/derm_prr/server_state.pt", weights_only=False)
+    state = torch.load(tmp_path / "ws.state/server/derm_prr/server_state.pt", weights_only=False)
     assert [h["sites"] for h in state["history"]] == [["site-1", "site-2"]] * 2
+
+
+def test_a_round_with_fewer_than_min_sites_usable_uploads_stops_the_job_and_keeps_the_state(tmp_path):
+    """Default min_sites ("majority") of 2 sites is 2: site-2's malformed upload leaves 1 in round 0."""
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config())
+    shutil.copytree(job / "app", job / "app_bad")
+    (job / "app_bad/custom/prrfl_site.py").write_text(BAD_SITE_SCRIPT)
+    meta = json.loads((job / "meta.json").read_text())
+    meta["deploy_map"] = {"app": ["server", "site-1"], "app_bad": ["site-2"]}
+    (job / "meta.json").write_text(json.dumps(meta))
+    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-4000:]
+    assert "round 0: only 1 of 2 sites sent a usable upload (left out: ['site-2']), fewer than min_sites=majority (2)" in out
+    state = torch.load(tmp_path / "ws.state/server/derm_prr/server_state.pt", weights_only=False)
+    assert state["next_round"] == 0  # the state before the failed round, ready for a resume

@@ -10,7 +10,6 @@ import pytest
 from sklearn.metrics import f1_score, roc_auc_score
 
 from prrfl.config import RunConfig
-from prrfl.flare.site_config import SiteConfig
 from prrfl.metrics import classification_metrics, dice_iou
 from prrfl.report import results_table
 
@@ -56,20 +55,6 @@ def test_run_config_rejects_bad_fields_by_name():
     cfg = RunConfig(lr=0.01, lr_step_epochs=25)
     assert cfg.lr_at(24) == 0.01 and cfg.lr_at(25) == 0.005 and cfg.lr_at(249) == pytest.approx(0.01 / 2**9)
     assert RunConfig.from_dict(cfg.to_dict()) == cfg
-
-
-def test_site_config_local_file_wins_and_bad_files_name_themselves(tmp_path):
-    (tmp_path / "local").mkdir()
-    path = tmp_path / "local" / "prrfl_site.json"
-    path.write_text(json.dumps({"data_root": "/data/ham", "num_threads": 3}))
-    cfg = SiteConfig.load(["--data-root", "/ignored", "--device", "cpu"], workspace=tmp_path)
-    assert cfg.data_root == "/data/ham" and cfg.device == "cpu" and cfg.num_threads == 3
-    path.write_text("{not json")
-    with pytest.raises(ValueError, match="prrfl_site.json is not valid JSON"):
-        SiteConfig.load([], workspace=tmp_path)
-    path.write_text(json.dumps({"dataroot": "/x"}))
-    with pytest.raises(ValueError, match=r"unknown field\(s\) \['dataroot'\]"):
-        SiteConfig.load([], workspace=tmp_path)
 
 
 def test_results_table_reports_best_round_test_metrics_and_the_mean():

@@ -185,7 +185,7 @@ def test_cli_report_end_to_end(workspaces, tmp_path, capsys):
 
 
 def test_cli_report_without_results_fails_clearly(tmp_path, capsys):
-    assert main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 2  # refused input: nothing to report
     assert "no site results" in capsys.readouterr().err
 
 

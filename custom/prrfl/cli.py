@@ -6,37 +6,58 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
+from prrfl.config import ConfigError, RunConfig
+from prrfl.errors import EXIT_STATUS, CommandFailed, run_command, traceback_option
 from prrfl.storage import load_json
 
 
 def apply_overrides(values: dict, assignments: list[str]) -> dict:
     """KEY=VALUE settings into a config dict; dotted keys reach nested dicts (data.image_size=128),
-    values are JSON when they parse (numbers, true, lists), strings otherwise."""
+    values are JSON when they parse (numbers, true, lists), strings otherwise. The values are
+    checked where the config is built (`validated`), so `lr=abc` is refused there by name."""
     values = json.loads(json.dumps(values))
     for item in assignments:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
         *parents, leaf = key.split(".")
         node = values
-        for part in parents:
+        for depth, part in enumerate(parents, 1):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item}: config field '{'.'.join(parents[:depth])}' holds no fields")
         node[leaf] = value
     return values
 
 
+def validated(job: str, values: dict[str, Any]) -> RunConfig:
+    """The whole config checked (prrfl.registry.validate_config), with the job named in the error,
+    since one --set may apply to several jobs."""
+    from prrfl.registry import validate_config
+
+    try:
+        return validate_config(values)
+    except ConfigError as e:
+        raise ConfigError(f"job '{job}': {e}") from e
+
+
+RESUME = {"false": False, "true": True, "auto": "auto"}  # --resume values -> the workflow's argument
+
+
 def _jobs_export(args: argparse.Namespace) -> int:
-    from prrfl.config import RunConfig
+    """Every job's config is checked before the first folder is written: a typo writes nothing."""
     from prrfl.flare.jobs import JOBS, export_job, job_config
 
-    for name in args.names or sorted(JOBS):
-        cfg = RunConfig.from_dict(apply_overrides(job_config(name).to_dict(), args.set))
-        print(export_job(name, args.out, cfg=cfg, bundle=args.bundle, privacy=args.privacy))
+    names = args.names or sorted(JOBS)
+    configs = {name: validated(name, apply_overrides(job_config(name).to_dict(), args.set)) for name in names}
+    for name, cfg in configs.items():
+        print(export_job(name, args.out, cfg=cfg, bundle=args.bundle, privacy=args.privacy, resume=RESUME[args.resume]))
     return 0
 
 
@@ -51,19 +72,17 @@ def _jobs_check(args: argparse.Namespace) -> int:
             if job_files(export_job(name, tmp)) != job_files(Path(args.dir) / name):
                 stale.append(name)
     if stale:
-        print(f"out of date: {stale}; run `prrfl jobs export`", file=sys.stderr)
-        return 1
+        raise CommandFailed(f"job folders out of date: {stale}; run `prrfl jobs export`")
     print(f"{len(JOBS)} job folders match the code")
     return 0
 
 
 def _data_build(args: argparse.Namespace) -> int:
     """Build a job's embedded synthetic federation ahead of the run, with several processes."""
-    from prrfl.config import RunConfig
     from prrfl.flare.jobs import job_config
     from prrfl.registry import build_task
 
-    cfg = RunConfig.from_dict(apply_overrides(job_config(args.job).to_dict(), args.set))
+    cfg = validated(args.job, apply_overrides(job_config(args.job).to_dict(), args.set))
     print(build_task(cfg).prepared_root(None, workers=args.workers))
     return 0
 
@@ -80,8 +99,7 @@ def _results(args: argparse.Namespace) -> int:
         else:
             site_files = sorted(ws.glob("*/prrfl/*/results.json"))
             if not site_files:
-                print(f"{ws}: no results.json found", file=sys.stderr)
-                return 1
+                raise FileNotFoundError(f"{ws}: no results.json found")
             summaries = {r["site"]: r for r in map(load_json, site_files)}
         print(f"## {ws}\n\n{results_table(summaries)}\n")
     return 0
@@ -92,25 +110,25 @@ def _names(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
 
 
+def _integers(text: str) -> list[int]:
+    """A comma-separated list of integers ("0,1,2"), for argparse."""
+    try:
+        return [int(t) for t in _names(text) or []]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, e.g. 0,1,2, got {text!r}") from None
+
+
 def _report(args: argparse.Namespace) -> int:
     from prrfl.report import build_report
 
-    try:
-        print(build_report(args.workspaces, args.out, _names(args.methods), args.reference, _names(args.curves)))
-    except (FileNotFoundError, ValueError) as e:  # no results, or two runs for one seed: say so, no traceback
-        print(e, file=sys.stderr)
-        return 1
+    print(build_report(args.workspaces, args.out, _names(args.methods), args.reference, _names(args.curves)))
     return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from prrfl.sweep import SweepError, sweep
+    from prrfl.sweep import sweep
 
-    try:
-        sweep(_names(args.methods), [int(s) for s in _names(args.seeds)], args.workspace, args.sites, args.set)
-    except (SweepError, ValueError) as e:  # a failed run, an unknown method or a bad --set
-        print(e, file=sys.stderr)
-        return 1
+    sweep(_names(args.methods), args.seeds, args.workspace, args.sites, args.set)
     return 0
 
 
@@ -120,45 +138,53 @@ def _deploy(args: argparse.Namespace) -> int:
     return cli(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="prrfl", description=__doc__)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prrfl", description=__doc__, epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    common = traceback_option(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     jobs = sub.add_parser("jobs", help="FLARE job folders").add_subparsers(dest="action", required=True)
-    export = jobs.add_parser("export", help="write the job folders from the code")
+    export = jobs.add_parser("export", parents=[common], help="write the job folders from the code")
     export.add_argument("names", nargs="*", help="jobs to export (default: all)")
     export.add_argument("--out", default="jobs")
     export.add_argument("--bundle", action="store_true", help="copy the prrfl package into each job's custom/")
     export.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     export.add_argument("--privacy", choices=["percentile", "svt"], help="add this FLARE privacy filter to the sites' uploads")
+    export.add_argument(
+        "--resume", nargs="?", const="true", default="false", choices=sorted(RESUME),
+        help="the workflow's resume mode: true (continue the saved run, refuse to start without one), auto (continue "
+        "it when there is one, else start a new run: a command to re-run after an interruption), false (default: new run)",
+    )
     export.set_defaults(func=_jobs_export)
-    check = jobs.add_parser("check", help="fail if the committed job folders differ from the code")
+    check = jobs.add_parser("check", parents=[common], help="fail if the committed job folders differ from the code")
     check.add_argument("--dir", default="jobs")
     check.set_defaults(func=_jobs_check)
     data = sub.add_parser("data", help="data sets").add_subparsers(dest="action", required=True)
-    build = data.add_parser("build", help="generate and prepare a job's synthetic federation into the cache")
+    build = data.add_parser("build", parents=[common], help="generate and prepare a job's synthetic federation into the cache")
     build.add_argument("job")
     build.add_argument("--workers", type=int, default=1)
     build.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     build.set_defaults(func=_data_build)
-    results = sub.add_parser("results", help="per-site F1/AUC table of finished runs")
+    results = sub.add_parser("results", parents=[common], help="per-site F1/AUC table of finished runs")
     results.add_argument("workspaces", nargs="+")
     results.set_defaults(func=_results)
-    report = sub.add_parser("report", help="Table II / Table X, retrogress and per-epoch curves of finished runs")
+    report = sub.add_parser("report", parents=[common], help="Table II / Table X, retrogress and per-epoch curves of finished runs")
     report.add_argument("workspaces", nargs="+", help="folders searched for <site>/prrfl/<run>/results.json")
     report.add_argument("--out", default="report", help="folder for report.md, the CSV files and the PNGs")
     report.add_argument("--methods", help="comma-separated methods to report, in this order (default: all found)")
     report.add_argument("--reference", default="prr", help="method the paired tests compare against")
     report.add_argument("--curves", help="comma-separated methods to plot per-epoch curves of (default: all reported)")
     report.set_defaults(func=_report)
-    sweep = sub.add_parser("sweep", help="run methods x seeds in the simulator one after another, then the report")
+    sweep = sub.add_parser("sweep", parents=[common], help="run methods x seeds in the simulator one after another, then the report")
     sweep.add_argument("--methods", required=True, help="comma-separated methods; each runs its job derm_<method>")
-    sweep.add_argument("--seeds", default="0", help="comma-separated seeds")
+    sweep.add_argument("--seeds", type=_integers, default="0", help="comma-separated seeds")
     sweep.add_argument("--workspace", required=True, help="folder for the jobs, simulator workspaces, logs and report")
     sweep.add_argument("--sites", type=int, default=4)
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run")
     sweep.set_defaults(func=_sweep)
     deploy = sub.add_parser("deploy", help="run a job on a provisioned FLARE deployment").add_subparsers(dest="action", required=True)
-    poc = deploy.add_parser("poc", help="provision, start server + sites on localhost (mTLS), submit, follow, download, stop")
+    poc = deploy.add_parser("poc", parents=[common], help="provision, start server + sites on localhost (mTLS), submit, follow, download, stop")
     poc.add_argument("--job", required=True, help="exported job folder, e.g. jobs/derm_prr")
     poc.add_argument("--sites", type=int, default=4, help="hospitals of workspace_templates/poc/project.yml to start")
     poc.add_argument("--workdir", help="folder for the kits, logs and results (default: a new temporary folder, kept)")
@@ -166,8 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     poc.add_argument("--device", help="device written to every site's local config, e.g. cpu or cuda:0")
     poc.add_argument("--timeout", type=float, default=3600, help="seconds the job may run")
     poc.set_defaults(func=_deploy)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit status and error format: errors.EXIT_STATUS (the --help epilog)."""
+    args = _parser().parse_args(argv)
+    return run_command(lambda: args.func(args), args.traceback)
 
 
 if __name__ == "__main__":

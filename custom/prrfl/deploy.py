@@ -150,7 +150,8 @@ class Processes:
         return [n for n, p in self.procs.items() if p.poll() is None]
 
     def kill(self, name: str, grace: float = 5.0) -> None:
-        """SIGTERM the process and its descendants, SIGKILL what is left after grace seconds."""
+        """SIGTERM the process and its descendants, SIGKILL what is left after grace seconds
+        (grace=0: SIGKILL at once, as `kill -9` or a power cut would)."""
         proc = self.procs.get(name)
         if proc is None:
             return
@@ -160,7 +161,7 @@ class Processes:
             tree = []
         for p in tree:
             with contextlib.suppress(psutil.Error):
-                p.terminate()
+                p.terminate() if grace > 0 else p.kill()
         _, left = psutil.wait_procs(tree, timeout=grace)
         for p in left:
             with contextlib.suppress(psutil.Error):

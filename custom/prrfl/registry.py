@@ -1,8 +1,10 @@
-"""Tasks and methods by name, so a job config can name them."""
+"""Tasks and methods by name, so a job config can name them; and the whole-config check."""
 
 from __future__ import annotations
 
-from prrfl.config import RunConfig
+from typing import Any
+
+from prrfl.config import ConfigError, RunConfig, check_name, check_options
 from prrfl.methods.base import Method
 from prrfl.tasks.base import Task
 
@@ -29,19 +31,43 @@ def _methods() -> dict[str, type[Method]]:
 
 
 def build_task(cfg: RunConfig) -> Task:
+    """The task named by the config, given its data options (the task checks them)."""
     tasks = _tasks()
-    if cfg.task not in tasks:
-        raise ValueError(f"unknown task '{cfg.task}'; available: {sorted(tasks)}")
+    check_name(cfg.task, tasks, "task")
     return tasks[cfg.task](cfg.data)
 
 
-def build_method(cfg: RunConfig, task: Task) -> Method:
+def method_class(name: str) -> type[Method]:
+    """The method class called `name` (a ConfigError naming the config field 'method' otherwise)."""
     methods = _methods()
-    if cfg.method not in methods:
-        raise ValueError(f"unknown method '{cfg.method}'; available: {sorted(methods)}")
-    return methods[cfg.method](cfg, task, **cfg.method_args)
+    check_name(name, methods, "method")
+    return methods[name]
+
+
+def build_method(cfg: RunConfig, task: Task) -> Method:
+    """The method named by the config; its method_args are checked against the constructor's
+    signature first (`Method.option_parameters`), then the constructor applies its own rules."""
+    cls = method_class(cfg.method)
+    annotations = {name: p.annotation for name, p in cls.option_parameters().items()}
+    check_options(cfg.method_args, annotations, owner=f"method '{cfg.method}'", path="method_args")
+    return cls(cfg, task, **cfg.method_args)
 
 
 def method_names() -> list[str]:
     return sorted(_methods())
 
+
+def validate_config(values: dict[str, Any] | RunConfig) -> RunConfig:
+    """Check a whole job configuration before anything runs: every field's type and range, the task
+    and method names, the task's data options and the method's options. Builds the task and method
+    objects, which is cheap (no data is read, no model is built). Raises ConfigError naming the
+    config field; returns the RunConfig (the one given, or the one built from the dict)."""
+    cfg = RunConfig.from_dict(values.to_dict() if isinstance(values, RunConfig) else values)
+    task = build_task(cfg)
+    try:
+        build_method(cfg, task)
+    except ConfigError:
+        raise
+    except ValueError as e:  # a rule of the method's own constructor (l1 <= l2, mu >= 0, ...)
+        raise ConfigError(f"config field 'method_args' of method '{cfg.method}': {e}") from e
+    return values if isinstance(values, RunConfig) else cfg

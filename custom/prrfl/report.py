@@ -37,10 +37,31 @@ OOD_SITE_COHORT = "A"  # Table X: the out-of-distribution cohort is scored by si
 MISSING = "–"
 
 
+def participation(history: list[dict[str, Any]], sites: list[str]) -> dict[str, dict[str, Any]]:
+    """Per site, from the server's round history: the rounds its upload was aggregated in, the rounds it
+    missed, and whether its numbers are stale (it missed the last round, so they are of an earlier one)."""
+    rounds = [h["round"] for h in history]
+    out = {}
+    for site in sites:
+        aggregated = [h["round"] for h in history if site in h["sites"]]
+        missed = sorted(set(rounds) - set(aggregated))
+        out[site] = {
+            "rounds": len(rounds),
+            "aggregated": aggregated,
+            "missed": missed,
+            "stale": bool(rounds) and rounds[-1] in missed,
+        }
+    return out
+
+
 def results_table(summaries: dict[str, dict[str, Any]], metrics: tuple[str, ...] = ("f1", "auc")) -> str:
-    """Markdown table: one row per site (test metrics at its best validation round) and the mean."""
-    header = "| site | best round | " + " | ".join(f"test {m.upper()}" for m in metrics) + " |"
-    lines = [header, "|" + "---|" * (2 + len(metrics))]
+    """Markdown table: one row per site (test metrics at its best validation round) and the mean. With
+    the server's `participation` in the summaries, a column of rounds taken part in, and a mark plus a
+    note for every site whose numbers are stale or that missed rounds."""
+    with_rounds = any("participation" in s for s in summaries.values())
+    header = "| site | best round | " + ("rounds | " if with_rounds else "") + " | ".join(f"test {m.upper()}" for m in metrics) + " |"
+    lines = [header, "|" + "---|" * (2 + with_rounds + len(metrics))]
+    notes = []
     columns: dict[str, list[float]] = {m: [] for m in metrics}
     for site in sorted(summaries):
         best = summaries[site].get("best") or {}
@@ -50,10 +71,21 @@ def results_table(summaries: dict[str, dict[str, Any]], metrics: tuple[str, ...]
             v = test.get(m, math.nan)
             columns[m].append(v)
             values.append(f"{v:.2f}")
-        lines.append(f"| {site} | {best.get('round', '-')} | " + " | ".join(values) + " |")
+        name, rounds = site, ""
+        part = summaries[site].get("participation")
+        if with_rounds:
+            rounds = f"{len(part['aggregated'])}/{part['rounds']} | " if part else "- | "
+        if part and part["missed"]:
+            last = part["aggregated"][-1] if part["aggregated"] else None
+            name = f"{site} (stale)" if part["stale"] else f"{site} (missed rounds)"
+            notes.append(
+                f"* {site}: missed round(s) {part['missed']}"
+                + (f"; its numbers are those of round {last}, its last aggregated upload" if part["stale"] else "")
+            )
+        lines.append(f"| {name} | {best.get('round', '-')} | {rounds}" + " | ".join(values) + " |")
     means = [_nanmean(columns[m]) for m in metrics]
-    lines.append("| **mean** | | " + " | ".join(f"**{v:.2f}**" for v in means) + " |")
-    return "\n".join(lines)
+    lines.append("| **mean** | | " + ("| " if with_rounds else "") + " | ".join(f"**{v:.2f}**" for v in means) + " |")
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def _nanmean(values: list[float]) -> float:

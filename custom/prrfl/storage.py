@@ -75,8 +75,9 @@ def load_torch(path: str | Path, map_location: Any = "cpu") -> Any:
 
     try:
         return torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as e:  # a corrupt file must name itself
-        raise RuntimeError(f"cannot read checkpoint {path}: {e}") from e
+    except Exception as e:  # a corrupt file must name itself, in one line
+        reason = str(e).split(". ")[0].splitlines()[0] if str(e) else type(e).__name__
+        raise RuntimeError(f"cannot read checkpoint {path}: {reason} (truncated or corrupt?)") from e
 
 
 def save_json(obj: Any, path: str | Path) -> Path:

@@ -34,16 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from prrfl.cli import apply_overrides
+from prrfl.cli import apply_overrides, validated
 from prrfl.config import RunConfig
+from prrfl.errors import CommandFailed
 from prrfl.flare.jobs import export_job, job_config
 from prrfl.report import SiteResult, build_report
 
 Runner = Callable[[list[str], Path], int]  # (command, log file) -> exit status
 
 
-class SweepError(RuntimeError):
-    pass
+class SweepError(CommandFailed):
+    """A run of the sweep failed (the command line exits with status 1)."""
 
 
 @dataclass(frozen=True)
@@ -61,22 +62,24 @@ class SweepRun:
 
 
 def run_config(method: str, seed: int, overrides: Sequence[str] = ()) -> RunConfig:
-    """The job's configuration with the overrides, this seed, and a run name suffixed by the seed."""
-    values = apply_overrides(job_config(f"derm_{method}").to_dict(), list(overrides))
+    """The job's configuration with the overrides, this seed, and a run name suffixed by the seed;
+    checked whole (a ConfigError naming the job and the field)."""
+    job = f"derm_{method}"
+    values = apply_overrides(job_config(job).to_dict(), list(overrides))
     values["seed"] = seed
     values["run_name"] = f"{values['run_name']}_s{seed}"
-    return RunConfig.from_dict(values)
+    return validated(job, values)
 
 
 def prepare(methods: Sequence[str], seeds: Sequence[int], root: Path, overrides: Sequence[str] = ()) -> list[SweepRun]:
-    """Export every run's job folder; nothing runs yet."""
+    """Export every run's job folder; nothing runs yet. Every config is checked before the first
+    folder is written, so a bad override leaves nothing behind."""
+    configs = [(method, seed, run_config(method, seed, overrides)) for method in methods for seed in seeds]
     runs = []
-    for method in methods:
-        for seed in seeds:
-            cfg = run_config(method, seed, overrides)
-            name = f"{method}_s{seed}"
-            job = export_job(f"derm_{method}", root / "jobs" / name, cfg=cfg)
-            runs.append(SweepRun(method, seed, cfg, job, root / name, root / f"{name}.log"))
+    for method, seed, cfg in configs:
+        name = f"{method}_s{seed}"
+        job = export_job(f"derm_{method}", root / "jobs" / name, cfg=cfg)
+        runs.append(SweepRun(method, seed, cfg, job, root / name, root / f"{name}.log"))
     return runs
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 MetricSplit = Literal["valid", "train"]
+PhaseName = Literal["recover", "exchange", "sublimate"]  # the names of `Phase`, in lower case, for configs
 DET_METRIC_SPLITS: tuple[str, ...] = ("valid", "train")  # paper's choice first (the default)
 
 

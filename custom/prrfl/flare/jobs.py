@@ -70,10 +70,13 @@ def job_config(name: str) -> RunConfig:
     return RunConfig.from_dict({"task": "derm", "run_name": name, **JOBS[name]})
 
 
-def build_job(name: str, cfg: RunConfig | None = None, min_clients: int = 1, privacy: str | None = None) -> FedJob:
+def build_job(
+    name: str, cfg: RunConfig | None = None, min_clients: int = 1, privacy: str | None = None, resume: bool | str = False
+) -> FedJob:
+    """resume: the workflow's resume mode (False, True or "auto", see PersonalizedWorkflow)."""
     cfg = cfg or job_config(name)
     job = FedJob(name=name, min_clients=min_clients)
-    job.to_server(PersonalizedWorkflow(config=cfg.to_dict()), id="workflow")
+    job.to_server(PersonalizedWorkflow(config=cfg.to_dict(), resume=resume), id="workflow")
     job.to_server(TBAnalyticsReceiver(events=["fed." + ANALYTIC_EVENT_TYPE]), id="receiver")
     runner = ScriptRunner(
         script=SITE_SCRIPT.name,  # relative: resolved in the site's app/custom/, copied from the cwd
@@ -96,17 +99,19 @@ def export_job(
     min_clients: int = 1,
     bundle: bool = False,
     privacy: str | None = None,
+    resume: bool | str = False,
 ) -> Path:
     """Write <out_root>/<name>/ (meta.json, app/config, app/custom/prrfl_site.py), replacing an old one.
 
     The sites import prrfl from their installation (pip install -e . on every site). bundle=True also
     copies the whole package into app/custom/ for sites that cannot install it (FLARE puts custom/
-    on the path). privacy: one of PRIVACY_FILTERS, added to every site's train results.
+    on the path). privacy: one of PRIVACY_FILTERS, added to every site's train results. resume: the
+    workflow's resume mode ("auto": a command that continues where an interrupted run stopped).
     """
     out_root = Path(out_root).resolve()
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         shutil.copy(SITE_SCRIPT, SITE_SCRIPT.name)
-        build_job(name, cfg, min_clients, privacy).export_job("export")
+        build_job(name, cfg, min_clients, privacy, resume).export_job("export")
         exported = Path(tmp) / "export" / name
         # FLARE copies the imported modules it can trace, a partial package: keep it whole or not at all
         shutil.rmtree(exported / "app" / "custom" / "prrfl", ignore_errors=True)

@@ -15,10 +15,10 @@ import nvflare.client as flare
 import torch
 from nvflare.client.tracking import SummaryWriter
 
-from prrfl.config import RunConfig
+from prrfl.flare import places
 from prrfl.flare import protocol as P
-from prrfl.flare.site_config import SiteConfig
-from prrfl.registry import build_method, build_task
+from prrfl.flare.site_config import SettingsReport, SiteConfig
+from prrfl.registry import build_method, build_task, validate_config
 from prrfl.site.state import SiteRuntime
 from prrfl.site.trainer import run_round
 
@@ -30,15 +30,21 @@ def seed_for(seed: int, site: str) -> int:
     return (seed * 1_000_003 + sum((i + 1) * ord(ch) for i, ch in enumerate(site))) % (2**31)
 
 
-def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWriter | None) -> SiteRuntime:
-    cfg = RunConfig.from_dict(meta[P.CONFIG])
+def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWriter | None, job_id: str | None = None) -> SiteRuntime:
+    cfg = validate_config(meta[P.CONFIG])
     task = build_task(cfg)
     method = build_method(cfg, task)
+    workspace = Path.cwd()  # FLARE runs the site in its workspace
+    state_dir = Path(local.state_dir).resolve() if local.state_dir else places.default_state_dir(workspace, site, cfg.run_name, job_id)
+    places.ensure_writable(state_dir, f"site {site}", "set state_dir in the site's local/prrfl_site.json to a writable folder")
     device = torch.device(local.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":
         torch.set_num_threads(local.num_threads or max(1, (os.cpu_count() or 1) // max(1, meta.get(P.NUM_SITES, 1))))
     cohort = local.cohort or task.cohort_of(site)
     data = task.load_site(cohort, device, local.data_root)
+    if data.num_train < 1:
+        source = local.data_root or "the embedded synthetic federation"
+        raise ValueError(f"site {site}: cohort {cohort} has no training images in {source}")
     torch.manual_seed(seed_for(cfg.seed, site))
     models = {role: task.build_model().to(device) for role in method.roles}
     optimizers = {
@@ -52,7 +58,8 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
         method=method,
         data=data,
         device=device,
-        state_dir=Path(local.state_dir or Path("prrfl") / cfg.run_name).resolve(),
+        state_dir=state_dir,
+        output_dir=places.output_dir(workspace, cfg.run_name),
         models=models,
         optimizers=optimizers,
         generator=torch.Generator().manual_seed(seed_for(cfg.seed, site)),
@@ -66,9 +73,18 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
-    local = SiteConfig.load(argv)
     flare.init()
-    site = flare.get_site_name()
+    site, job_id = flare.get_site_name(), flare.get_job_id()
+    try:
+        local, settings = SiteConfig.load(site, argv)
+        settings_error = None
+    except ValueError as e:  # reported to the server with every answer: the site takes no part
+        local, settings, settings_error = SiteConfig(), SettingsReport(), str(e)
+        log.error("site %s: %s", site, e)
+    for note in settings.notes:
+        log.warning("site %s: %s", site, note)
+    if not local.data_root:
+        log.warning("site %s: no data_root in %s: training on the embedded synthetic federation", site, settings.used or "local/prrfl_site.json (none found)")
     writer = SummaryWriter()
     runtime: SiteRuntime | None = None
     while flare.is_running():
@@ -78,8 +94,10 @@ def main(argv: list[str] | None = None) -> None:
         meta = model.meta or {}
         task_name = flare.get_task_name()
         try:
-            runtime = runtime_for(runtime, site, meta, local, writer)
-            result = run_task(runtime, task_name, model)
+            if settings_error:
+                raise ValueError(settings_error)
+            runtime = runtime_for(runtime, site, meta, local, writer, job_id)
+            result = run_task(runtime, task_name, model, settings)
         except Exception as e:  # noqa: BLE001 - reported to the server, which leaves this site out
             log.exception("site %s: task '%s' failed", site, task_name)
             runtime = None  # rebuilt from the last checkpoint if the server asks again
@@ -87,19 +105,26 @@ def main(argv: list[str] | None = None) -> None:
         flare.send(result)
 
 
-def runtime_for(runtime: SiteRuntime | None, site: str, meta: dict, local: SiteConfig, writer) -> SiteRuntime:
+def runtime_for(runtime: SiteRuntime | None, site: str, meta: dict, local: SiteConfig, writer, job_id: str | None = None) -> SiteRuntime:
     """The live runtime, or a new one restored from the checkpoint: in a new process, for another run,
     or when the server asks again for a round this process already trained (a resumed server)."""
     round_idx = meta.get(P.ROUND)
     if runtime is None or runtime.run_id != meta.get(P.RUN_ID) or (round_idx is not None and round_idx <= runtime.round_idx):
-        return build_runtime(site, meta, local, writer)
+        return build_runtime(site, meta, local, writer, job_id)
     return runtime
 
 
-def run_task(runtime: SiteRuntime, task_name: str, model: flare.FLModel) -> flare.FLModel:
+def run_task(runtime: SiteRuntime, task_name: str, model: flare.FLModel, settings: SettingsReport | None = None) -> flare.FLModel:
     if task_name == P.TASK_PREPARE:
         data = runtime.data
-        return flare.FLModel(params={}, meta={"cohort": data.cohort, "num_train": data.num_train, "class_counts": data.class_counts})
+        return flare.FLModel(params={}, meta={
+            "cohort": data.cohort,
+            "num_train": data.num_train,
+            "class_counts": data.class_counts,
+            "data_root": runtime.data_root,  # None: the embedded synthetic federation
+            "state_dir": str(runtime.state_dir),
+            "settings": (settings or SettingsReport()).to_meta(),
+        })
     if task_name == P.TASK_TRAIN:
         download = P.model_to_download(model)
         upload = run_round(runtime, download, model.meta[P.ROUND])

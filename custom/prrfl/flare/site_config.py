@@ -1,22 +1,49 @@
 """Site-local settings: what each hospital decides for itself, never part of the job.
 
-Read from <site workspace>/local/prrfl_site.json when present (the job runs with the site
-workspace as its working directory), else from the entry script's arguments, else defaults.
+A site reads the first of these files that exists in its FLARE workspace (the job runs with the site
+workspace as its working directory), else the entry script's arguments, else the defaults:
+  local/prrfl_site.<site name>.json   one file per site: the way to set sites apart in the simulator,
+                                       which copies <simulator workspace>/local/ into every site
+  local/prrfl_site.json                a provisioned site's own file (its startup kit is its own)
+Fields:
   data_root   prepared data folder of this site (default: the embedded synthetic federation)
   cohort      which cohort this site is (default: derived from the FLARE site name)
   device      "cuda", "cuda:1", "cpu" (default: cuda when available)
   num_threads CPU threads for torch (default: CPU cores / sites, as simulator sites share a machine)
-  state_dir   where the site keeps checkpoints and results (default: <workspace>/prrfl/<run_name>)
+  state_dir   where the site keeps checkpoints and results (default: prrfl.flare.places.default_state_dir)
+
+What the site found is reported to the server with its first answer (`SettingsReport`), so the server
+log says which file each site used, and which files exist but are not read.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, fields
+import re
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
-LOCAL_CONFIG = Path("local") / "prrfl_site.json"
+LOCAL = Path("local")
+GENERIC_NAME = "prrfl_site.json"
+PER_SITE = re.compile(r"^prrfl_site\.(?P<site>.+)\.json$")
+
+
+def per_site_name(site: str) -> str:
+    return f"prrfl_site.{site}.json"
+
+
+@dataclass
+class SettingsReport:
+    """Where a site's settings came from, sent to the server with the prepare answer."""
+
+    used: str | None = None  # the file read, None: no file (job arguments and defaults)
+    per_site_files: list[str] = field(default_factory=list)  # site names of every local/prrfl_site.<name>.json seen
+    notes: list[str] = field(default_factory=list)  # files that exist but are not read, and why
+
+    def to_meta(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -28,21 +55,44 @@ class SiteConfig:
     state_dir: str | None = None
 
     @classmethod
-    def load(cls, argv: list[str] | None = None, workspace: Path = Path(".")) -> "SiteConfig":
+    def load(cls, site: str, argv: list[str] | None = None, workspace: Path = Path(".")) -> tuple["SiteConfig", SettingsReport]:
+        """The settings of `site`; raises ValueError naming the file for bad JSON, an unknown field or a
+        value of the wrong type."""
         parser = argparse.ArgumentParser(description="prrfl site")
         for f in fields(cls):
             parser.add_argument(f"--{f.name.replace('_', '-')}", type=int if f.name == "num_threads" else str)
-        args = vars(parser.parse_args(argv))
-        values = {k: v for k, v in args.items() if v is not None}
-        path = workspace / LOCAL_CONFIG
-        if path.exists():
-            try:
-                local = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path.resolve()} is not valid JSON: {e}") from e
-            names = {f.name for f in fields(cls)}
-            unknown = sorted(set(local) - names)
-            if unknown:
-                raise ValueError(f"{path.resolve()}: unknown field(s) {unknown}; expected some of {sorted(names)}")
-            values.update(local)  # the hospital's own file wins over job arguments
-        return cls(**values)
+        values = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+        report = SettingsReport()
+        local = workspace / LOCAL
+        if local.is_dir():
+            report.per_site_files = sorted(m["site"] for p in local.iterdir() if (m := PER_SITE.match(p.name)))
+        own, generic = local / per_site_name(site), local / GENERIC_NAME
+        chosen = own if own.is_file() else generic if generic.is_file() else None
+        if chosen == own and generic.is_file():
+            report.notes.append(f"{generic.resolve()} is not read: {own.resolve()} takes precedence for site {site}")
+        for stray in (workspace / GENERIC_NAME, workspace / "startup" / GENERIC_NAME, workspace / per_site_name(site)):
+            if stray.is_file():
+                report.notes.append(f"{stray.resolve()} is not read: site settings are read from {local.resolve()}/")
+        if chosen is not None:
+            report.used = str(chosen.resolve())
+            values.update(cls._read(chosen))  # the hospital's own file wins over job arguments
+        return cls(**values), report
+
+    @classmethod
+    def _read(cls, path: Path) -> dict[str, Any]:
+        try:
+            local = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path.resolve()} is not valid JSON: {e}") from e
+        if not isinstance(local, dict):
+            raise ValueError(f"{path.resolve()} must hold a JSON object, got {type(local).__name__}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(local) - names)
+        if unknown:
+            raise ValueError(f"{path.resolve()}: unknown field(s) {unknown}; expected some of {sorted(names)}")
+        for key, value in local.items():
+            expected = int if key == "num_threads" else str
+            if value is not None and (not isinstance(value, expected) or isinstance(value, bool)):
+                kind = "an integer" if expected is int else "a string"
+                raise ValueError(f"{path.resolve()}: field '{key}' must be {kind} or null, got {value!r}")
+        return local

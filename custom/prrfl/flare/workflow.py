@@ -1,14 +1,18 @@
 """Server workflow: one personalized download per site per round, with persisted state.
 
-Each round the workflow sends every site ITS OWN model (a separate task per site), waits, checks
-the uploads, lets the method aggregate them into one download per site, and writes its whole state
-atomically, so a re-submitted job with resume=True continues from the last completed round.
+Each round the workflow sends every site ITS OWN model (a separate task per site), waits until every
+site answered or the round's deadline passed (prrfl.flare.liveness), checks the uploads, lets the method
+aggregate them into one download per site, and writes its whole state atomically, so a re-submitted job
+with resume continues from the last completed round. A round goes on without the sites that failed,
+did not answer in time or that FLARE reports dead, as long as `min_sites` answered; otherwise the job
+stops with the saved state of the last completed round.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +23,18 @@ from nvflare.app_opt.pt.decomposers import TensorDecomposer
 from nvflare.fuel.utils import fobs
 
 from prrfl.config import RunConfig
+from prrfl.flare import places
 from prrfl.flare import protocol as P
+from prrfl.flare.liveness import AUTO, Deadline
 from prrfl.flare.validation import upload_problem
-from prrfl.methods.base import Download, Upload
-from prrfl.registry import build_method, build_task
-from prrfl.report import results_table
+from prrfl.methods.base import Download
+from prrfl.registry import build_method, build_task, validate_config
+from prrfl.report import participation, results_table
 from prrfl.storage import load_torch, save_json, save_text, save_torch
 
 STATE_FILE = "server_state.pt"
+PREVIOUS_STATE_FILE = "server_state.previous.pt"
+RESUME_MODES = (False, True, AUTO)
 
 
 def resume_problem(saved: dict[str, Any], requested: dict[str, Any], next_round: int) -> str | None:
@@ -40,24 +48,47 @@ def resume_problem(saved: dict[str, Any], requested: dict[str, Any], next_round:
     return None
 
 
+@dataclass
+class Answers:
+    """What came back for one task sent to several sites."""
+
+    results: dict[str, FLModel] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # send -> result, per site that answered
+    missing: dict[str, str] = field(default_factory=dict)  # site -> why nothing came back
+
+
 class PersonalizedWorkflow(ModelController):
     def __init__(
         self,
         config: dict[str, Any],
-        resume: bool = False,
+        resume: bool | str = False,
         state_dir: str = "",
-        task_timeout: int = 0,
+        task_timeout: float | str = AUTO,
+        first_task_timeout: float = 7200.0,
+        min_task_timeout: float = 60.0,
+        task_timeout_factor: float = 3.0,
     ):
-        """config: a RunConfig as a dict. state_dir: where the workflow keeps its state (default
-        <server workspace>/prrfl/<run_name>). task_timeout: seconds a site may take for one task
-        (0 = wait for ever); sites that miss it are left out of that round."""
+        """config: a RunConfig as a dict, validated here (a bad job never reaches a site).
+        resume: False starts a new run (a saved one of the same run_name is set aside, not overwritten);
+        True continues the saved run and fails when there is none; "auto" continues it when there is one,
+        else starts a new run with a warning.
+        state_dir: where the workflow keeps its state (default: prrfl.flare.places.default_state_dir).
+        task_timeout ("auto" or seconds, 0 = none), first_task_timeout, min_task_timeout,
+        task_timeout_factor: the per-round deadline (prrfl.flare.liveness.Deadline)."""
         super().__init__(persistor_id="", ignore_result_error=True)  # a failed site must not end the job
         # attributes named like the arguments: FLARE's job export reads them back into the config
         self.config = config
         self.resume = resume
         self.state_dir = state_dir
         self.task_timeout = task_timeout
-        self.cfg = RunConfig.from_dict(config)
+        self.first_task_timeout = first_task_timeout
+        self.min_task_timeout = min_task_timeout
+        self.task_timeout_factor = task_timeout_factor
+        if resume not in RESUME_MODES or not isinstance(resume, (bool, str)):
+            raise ValueError(f"workflow argument 'resume' must be false, true or \"auto\", got {resume!r}")
+        self.deadline = Deadline(task_timeout, first_task_timeout, min_task_timeout, task_timeout_factor)
+        self.cfg = validate_config(config)  # every field and method option, before any site is asked
+        self.lost: dict[str, int] = {}  # sites that missed a deadline in this job -> the round
 
     # ----- main loop -------------------------------------------------------------------
     def run(self) -> None:
@@ -66,11 +97,15 @@ class PersonalizedWorkflow(ModelController):
         task = build_task(cfg)
         method = build_method(cfg, task)
         clients = sorted(c.name for c in self.engine.get_clients())
-        min_sites = cfg.min_sites or len(clients)
-        state_dir = Path(self.state_dir or Path(self.engine.get_workspace().get_root_dir()) / "prrfl" / cfg.run_name)
-        state = self._load_state(state_dir)
+        state_dir = self._state_dir()
+        try:  # a job that cannot start says why, in one line, before any site trains
+            places.ensure_writable(state_dir, "server", "set the workflow's state_dir argument to a writable folder")
+            state = self._load_state(state_dir)
+        except (OSError, ValueError, RuntimeError) as e:
+            self.panic(f"the job cannot start: {e}")
+            return
         if state is None:
-            state = self._new_state(cfg, task, clients, min_sites)
+            state = self._new_state(cfg, task, clients)
             if state is None:
                 return
             save_torch(state, state_dir / STATE_FILE)
@@ -79,53 +114,123 @@ class PersonalizedWorkflow(ModelController):
         absent = sorted(set(state["site_counts"]) - set(clients))
         if absent:
             self.warning(f"sites of run {state['run_id']} not in this job: {absent}; they keep their last download")
+        min_sites = self._required(len(state["site_counts"]))
         torch.manual_seed(cfg.seed)
         model = task.build_model()
         reference = {k: v for k, v in model.state_dict().items() if k in set(method.shared_keys(model))}
         common = {P.CONFIG: cfg.to_dict(), P.RUN_ID: state["run_id"], P.NUM_SITES: len(sites), P.GLOBAL_COUNTS: state["global_counts"]}
+        if state["next_round"] >= cfg.num_rounds:
+            self.info(f"run {state['run_id']} has completed all {cfg.num_rounds} rounds; nothing to train (raise num_rounds to extend it)")
 
         for round_idx in range(state["next_round"], cfg.num_rounds):
             if self.abort_signal.triggered:
                 return
-            self.info(f"round {round_idx + 1}/{cfg.num_rounds}: sending each of {len(sites)} sites its own model")
+            observed = [s for h in state["history"] for s in h.get("seconds", {}).values()]
+            self.info(
+                f"round {round_idx + 1}/{cfg.num_rounds}: sending each of {len(sites)} sites its own model; "
+                f"deadline {self.deadline.explain(observed)}"
+            )
             answers = self._send_each(
                 P.TASK_TRAIN,
                 {s: P.download_to_model(state["downloads"][s], common, round_idx, cfg.num_rounds) for s in sites},
+                self.deadline.seconds(observed),
+                round_idx,
             )
             uploads, summaries = [], {}
-            for site in sites:
-                if site not in answers:
-                    self.warning(f"round {round_idx}: no result from {site}; it keeps its previous download")
+            for site, why in sorted(answers.missing.items()):
+                self.warning(f"round {round_idx}: no result from {site}: {why}; it keeps its previous download")
+            for site in sorted(answers.results):
+                result = answers.results[site]
+                if (result.meta or {}).get(P.ERROR):
+                    self.error(f"round {round_idx}: {site} failed: {result.meta[P.ERROR]}; it keeps its previous download")
                     continue
-                if (answers[site].meta or {}).get(P.ERROR):
-                    self.error(f"round {round_idx}: {site} failed: {answers[site].meta[P.ERROR]}; it keeps its previous download")
-                    continue
-                upload = P.model_to_upload(site, answers[site])
+                upload = P.model_to_upload(site, result)
                 problem = upload_problem(upload, reference, task.num_classes)  # on the difference, before use
                 if problem:
                     self.error(f"round {round_idx}: rejected the upload of {site}: {problem}")
                     continue
                 uploads.append(P.add_to_sent(upload, state["downloads"][site].params))
-                summaries[site] = (answers[site].meta or {}).get("summary", {})
+                summaries[site] = (result.meta or {}).get("summary", {})
             if len(uploads) < min_sites:
-                self.panic(f"round {round_idx}: only {len(uploads)} usable uploads, fewer than min_sites={min_sites}")
+                left_out = sorted(set(sites) - {u.site for u in uploads})
+                self.panic(
+                    f"round {round_idx}: only {len(uploads)} of {len(sites)} sites sent a usable upload (left out: {left_out}), "
+                    f"fewer than min_sites={cfg.min_sites} ({min_sites}); the job stops. The state after the last completed "
+                    f"round is in {state_dir}: bring the sites back and re-submit the job with resume"
+                )
                 return
             downloads = method.aggregate(uploads, round_idx, state["method_memory"])
             state["downloads"].update(downloads)
             state["summaries"].update(summaries)
-            state["history"].append({"round": round_idx, "sites": [u.site for u in uploads], "summaries": summaries})
+            state["history"].append({
+                "round": round_idx,
+                "sites": [u.site for u in uploads],
+                "summaries": summaries,
+                "seconds": {s: answers.seconds[s] for s in summaries},
+                "missing": answers.missing,
+            })
             state["next_round"] = round_idx + 1
-            save_torch(state, state_dir / STATE_FILE)
+            self._save_state(state, state_dir)
             self._log_round(round_idx, summaries, task.primary_metric)
 
         self._finish(state, state_dir)
 
     # ----- setup -----------------------------------------------------------------------
-    def _load_state(self, state_dir: Path) -> dict[str, Any] | None:
-        path = state_dir / STATE_FILE
-        if not (self.resume and path.exists()):
+    def _state_dir(self) -> Path:
+        if self.state_dir:
+            return Path(self.state_dir)
+        root = Path(self.engine.get_workspace().get_root_dir())
+        job_id = self.fl_ctx.get_job_id() if self.fl_ctx else None
+        return places.default_state_dir(root, "server", self.cfg.run_name, job_id)
+
+    def _required(self, num_sites: int) -> int:
+        return self.cfg.required_sites(num_sites)
+
+    def _read_state(self, state_dir: Path) -> dict[str, Any] | None:
+        """The newest readable saved state; an unreadable one is set aside (kept) and the previous used."""
+        current, previous = state_dir / STATE_FILE, state_dir / PREVIOUS_STATE_FILE
+        if not current.exists():
             return None
-        state = load_torch(path)
+        try:
+            return load_torch(current)
+        except RuntimeError as e:
+            try:
+                state = load_torch(previous) if previous.exists() else None
+            except RuntimeError:
+                state = None
+            if state is None:
+                raise RuntimeError(
+                    f"{e}; {PREVIOUS_STATE_FILE} cannot be read either: restore {state_dir} from a backup or start a new run"
+                ) from e
+            kept = current.with_name(f"{STATE_FILE}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+            current.replace(kept)
+            self.warning(
+                f"{e}; kept it as {kept.name} and resuming from {PREVIOUS_STATE_FILE} instead: round "
+                f"{state['next_round']} is trained again (sites that had done it redo it from their previous checkpoint)"
+            )
+            return state
+
+    def _load_state(self, state_dir: Path) -> dict[str, Any] | None:
+        """The saved state to continue, or None for a new run (resume rules: see __init__)."""
+        path = state_dir / STATE_FILE
+        if not self.resume:
+            if path.exists():
+                aside = path.with_name(f"server_state.replaced-{time.strftime('%Y%m%d-%H%M%S')}.pt")
+                path.replace(aside)
+                self.warning(
+                    f"{path} holds a saved run of '{self.cfg.run_name}'; starting a new run as asked (resume=false): "
+                    f"the old state is kept as {aside.name} (set resume to continue a saved run instead)"
+                )
+            return None
+        state = self._read_state(state_dir)
+        if state is None:
+            if self.resume is True:
+                raise FileNotFoundError(
+                    f"resume=true but there is no saved state of run '{self.cfg.run_name}' in {state_dir}: nothing to "
+                    "resume (set resume to \"auto\" to start a new run when there is none, or state_dir to where it is)"
+                )
+            self.warning(f"resume=auto: no saved state of run '{self.cfg.run_name}' in {state_dir}; starting a new run")
+            return None
         problem = resume_problem(state["config"], self.cfg.to_dict(), state["next_round"])
         if problem:
             raise ValueError(f"cannot resume from {path}: {problem}")
@@ -133,24 +238,53 @@ class PersonalizedWorkflow(ModelController):
         self.info(f"resuming run {state['run_id']} from {path} at round {state['next_round']}")
         return state
 
-    def _new_state(self, cfg: RunConfig, task, sites: list[str], min_sites: int) -> dict[str, Any] | None:
+    def _save_state(self, state: dict[str, Any], state_dir: Path) -> None:
+        """Atomically, keeping the previous round's state as the fallback for an unreadable file."""
+        current = state_dir / STATE_FILE
+        if current.exists():
+            current.replace(state_dir / PREVIOUS_STATE_FILE)
+        save_torch(state, current)
+
+    def _new_state(self, cfg: RunConfig, task, sites: list[str]) -> dict[str, Any] | None:
         run_id = uuid.uuid4().hex[:12]
-        self.info(f"new run {run_id}: asking {len(sites)} sites to prepare their data")
+        self.info(f"new run {run_id}: asking {len(sites)} sites to prepare their data; deadline {self.deadline.explain([])}")
         common = {P.CONFIG: cfg.to_dict(), P.RUN_ID: run_id, P.NUM_SITES: len(sites)}
-        answers = self._send_each(P.TASK_PREPARE, {s: FLModel(params_type=ParamsType.FULL, params={}, meta=common) for s in sites})
-        counts = {}
-        for site in sites:
-            meta = answers[site].meta if site in answers else None
-            if meta and meta.get(P.ERROR):
+        answers = self._send_each(
+            P.TASK_PREPARE,
+            {s: FLModel(params_type=ParamsType.FULL, params={}, meta=common) for s in sites},
+            self.deadline.seconds([]),
+            round_idx=None,
+        )
+        counts, synthetic, per_site_files = {}, [], set()
+        for site, why in sorted(answers.missing.items()):
+            self.error(f"{site} cannot take part in this run: no answer to prepare: {why}")
+        for site in sorted(answers.results):
+            meta = answers.results[site].meta or {}
+            if meta.get(P.ERROR):
                 self.error(f"{site} cannot take part in this run: {meta[P.ERROR]}")
                 continue
-            if not meta or len(meta.get("class_counts", [])) != task.num_classes:
+            if len(meta.get("class_counts", [])) != task.num_classes:
                 self.warning(f"{site} did not report usable class counts; it is left out of this run")
                 continue
             counts[site] = meta["class_counts"]
-            self.info(f"{site} ({meta.get('cohort')}): {meta['num_train']} training images, class counts {counts[site]}")
+            settings = meta.get("settings") or {}
+            per_site_files |= set(settings.get("per_site_files", []))
+            for note in settings.get("notes", []):
+                self.warning(f"{site}: {note}")
+            source = meta.get("data_root") or "the embedded synthetic federation"
+            if not meta.get("data_root"):
+                synthetic.append(site)
+            self.info(
+                f"{site} ({meta.get('cohort')}): {meta['num_train']} training images from {source}, class counts "
+                f"{counts[site]}; settings {settings.get('used') or 'none (defaults)'}; state in {meta.get('state_dir')}"
+            )
+        for name in sorted(per_site_files - set(sites)):
+            self.warning(f"local/prrfl_site.{name}.json is not used: no site of this job is named '{name}' (sites: {sites})")
+        if synthetic:
+            self.warning(f"sites training on the embedded synthetic federation (no data_root in their settings): {synthetic}")
+        min_sites = self._required(len(sites))
         if len(counts) < min_sites:
-            self.panic(f"only {len(counts)} sites prepared their data, fewer than min_sites={min_sites}")
+            self.panic(f"only {len(counts)} of {len(sites)} sites prepared their data, fewer than min_sites={cfg.min_sites} ({min_sites})")
             return None
         global_counts = [sum(c[i] for c in counts.values()) for i in range(task.num_classes)]
         self.info(f"global class counts {dict(zip(task.class_names, global_counts))}")
@@ -169,20 +303,44 @@ class PersonalizedWorkflow(ModelController):
         }
 
     # ----- messaging -------------------------------------------------------------------
-    def _send_each(self, task_name: str, models: dict[str, FLModel]) -> dict[str, FLModel]:
-        """One task per site (each gets its own model); returns the results that came back."""
-        results: dict[str, FLModel] = {}
+    def _send_each(self, task_name: str, models: dict[str, FLModel], deadline: float | None, round_idx: int | None) -> Answers:
+        """One task per site (each gets its own model). Waits until every site answered, the deadline
+        passed, or only sites that FLARE reports dead or that were lost earlier in this job are left:
+        those get their task and count if they answer while the others work, but are not waited for
+        (unless every site was lost)."""
+        answers = Answers()
+        sent = time.time()
 
         def collect(result: FLModel) -> None:
-            results[result.meta["client_name"]] = result
+            site = result.meta["client_name"]
+            answers.results[site] = result
+            answers.seconds[site] = time.time() - sent
 
+        # the sites waited for: all but those lost earlier, unless every site was lost
+        expected = (set(models) - set(self.lost)) or set(models)
         for site, model in models.items():
-            self.send_model(task_name, model, targets=[site], timeout=self.task_timeout, callback=collect)
-        while self.get_num_standing_tasks():
-            if self.abort_signal.triggered:
+            self.send_model(task_name, model, targets=[site], callback=collect)
+        while self.get_num_standing_tasks() and not self.abort_signal.triggered:
+            waiting = {s for s in expected - set(answers.results) if not self.get_client_disconnect_time(s)}
+            if not waiting or (deadline is not None and time.time() - sent > deadline):
                 break
             time.sleep(0.2)
-        return results
+        if self.get_num_standing_tasks():
+            self.cancel_all_tasks()  # late results are dropped by FLARE
+        elapsed = time.time() - sent
+        for site in sorted(set(models) - set(answers.results)):
+            if self.get_client_disconnect_time(site):
+                answers.missing[site] = "FLARE reports it disconnected (its job process or its heartbeat is gone)"
+            elif site in self.lost:
+                answers.missing[site] = f"silent since round {self.lost[site]}, not waited for beyond the others"
+            else:
+                answers.missing[site] = f"no result within the deadline ({elapsed:.0f} s)"
+            if round_idx is not None:
+                self.lost.setdefault(site, round_idx)
+        for site in answers.results:
+            if self.lost.pop(site, None) is not None:
+                self.info(f"{site} answers again")
+        return answers
 
     # ----- reporting -------------------------------------------------------------------
     def _log_round(self, round_idx: int, summaries: dict[str, Any], metric: str) -> None:
@@ -194,8 +352,10 @@ class PersonalizedWorkflow(ModelController):
         self.info(f"round {round_idx} done; test of the personalized models: " + ", ".join(parts))
 
     def _finish(self, state: dict[str, Any], state_dir: Path) -> None:
-        results = {"run_id": state["run_id"], "config": state["config"], "sites": state["summaries"]}
-        table = results_table(state["summaries"])
+        rounds = participation(state["history"], list(state["site_counts"]))
+        sites = {s: {**summary, "participation": rounds[s]} for s, summary in state["summaries"].items()}
+        results = {"run_id": state["run_id"], "config": state["config"], "sites": sites}
+        table = results_table(sites)
         for folder in (state_dir, Path(self.get_run_dir())):
             save_json(results, folder / "results.json")
             save_text(table + "\n", folder / "results.md")

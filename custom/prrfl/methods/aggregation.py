@@ -4,6 +4,7 @@ weighted average of state dicts."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal, get_args
 
 import torch
 
@@ -11,10 +12,11 @@ from prrfl.algorithms.pfa import normalised_weights
 from prrfl.methods.base import Upload
 
 StateDict = Mapping[str, torch.Tensor]
-WEIGHTINGS: tuple[str, ...] = ("samples", "uniform")
+Weighting = Literal["samples", "uniform"]
+WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
 
 
-def site_weights(uploads: Sequence[Upload], weighting: str = "samples") -> torch.Tensor:
+def site_weights(uploads: Sequence[Upload], weighting: Weighting = "samples") -> torch.Tensor:
     """Normalised float64 weights: "samples" n_k / sum n (FedAvg), "uniform" 1/K."""
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")

@@ -10,6 +10,8 @@ checkpoints with the models (site processes may be restarted for every task).
 
 from __future__ import annotations
 
+import inspect
+import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -56,6 +58,30 @@ class Method:
         self.task = task
         if options:
             raise ValueError(f"method '{self.name}' got unknown option(s) {sorted(options)}")
+
+    @classmethod
+    def option_parameters(cls) -> dict[str, inspect.Parameter]:
+        """The options a job may set in method_args, by name, with their evaluated annotation (what
+        validation checks) and the default of the constructor that declares them (a subclass may
+        pass its parent another one, as PRRFL does). They are the keyword parameters of each
+        `__init__` up the class hierarchy, for as long as the constructors forward `**options` to
+        their parent (FedProx -> FedAvg, PRRFL -> PRR); a subclass's parameter wins over its
+        parent's of the same name (IDA's weighting). Read from the signatures, so that an option
+        added to a method is validated without a list to keep in step."""
+        found: dict[str, inspect.Parameter] = {}
+        for klass in cls.__mro__:
+            if klass is Method:  # takes no option of its own
+                break
+            if "__init__" not in vars(klass):
+                continue
+            params = inspect.signature(klass.__init__).parameters.values()
+            hints = typing.get_type_hints(klass.__init__)
+            for p in params:
+                if p.name not in ("self", "cfg", "task") and p.kind is not p.VAR_KEYWORD:
+                    found.setdefault(p.name, p.replace(annotation=hints.get(p.name, Any)))
+            if not any(p.kind is p.VAR_KEYWORD for p in params):
+                break
+        return found
 
     # ----- both sides ---------------------------------------------------------------------
     def shared_keys(self, model: torch.nn.Module) -> list[str]:

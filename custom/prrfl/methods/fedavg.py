@@ -29,7 +29,7 @@ class FedAvg(Method):
     name = "fedavg"
     download_roles: tuple[str, ...] = ("local",)  # the models a download (after the first) overwrites
 
-    def __init__(self, cfg, task, *, weighting: str = "samples", **options: Any):
+    def __init__(self, cfg, task, *, weighting: aggregation.Weighting = "samples", **options: Any):
         super().__init__(cfg, task, **options)
         if weighting not in aggregation.WEIGHTINGS:
             raise ValueError(f"option weighting must be one of {aggregation.WEIGHTINGS}, got {weighting!r}")

@@ -27,7 +27,7 @@ class IDA(FedAvg):
 
     name = "ida"
 
-    def __init__(self, cfg, task, *, weighting: str = "uniform", **options: Any):
+    def __init__(self, cfg, task, *, weighting: aggregation.Weighting = "uniform", **options: Any):
         super().__init__(cfg, task, weighting=weighting, **options)  # weighting of the reference mean
 
     def site_weights(self, uploads: list[Upload]) -> torch.Tensor:

@@ -24,6 +24,7 @@ Ablations (TMI Tables IV-VI) are options, e.g. `prrfl jobs export derm_prr --set
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,22 +61,22 @@ class PRR(Method):
         pfa_enabled: bool = True,
         r0: float = 0.35,
         r1: float = 0.48,
-        r_schedule: str = "paper",  # "authors": r1 = 0.475 reached only after the last round
-        pfa_components: str = "amplitude_phase",  # "amplitude": the MICCAI PRR-FL variant
-        conv_layout: str = "paper",  # "authors": (in*kh) x (kw*out)
+        r_schedule: pfa.Schedule = "paper",  # "authors": r1 = 0.475 reached only after the last round
+        pfa_components: pfa.Components = "amplitude_phase",  # "amplitude": the MICCAI PRR-FL variant
+        conv_layout: pfa.ConvLayout = "paper",  # "authors": (in*kh) x (kw*out)
         classifier_rowwise: bool = True,
-        site_weights: str = "uniform",  # or "samples": weight sites by training-set size
+        site_weights: aggregation.Weighting = "uniform",  # or "samples": weight sites by training-set size
         det_enabled: bool = True,
-        det_phases: Sequence[str] = ("recover", "exchange", "sublimate"),
+        det_phases: Sequence[det.PhaseName] = ("recover", "exchange", "sublimate"),
         l1: float = 0.7,
         l2: float = 0.9,
-        det_split: str = "valid",  # "train": the authors' choice
+        det_split: det.MetricSplit = "valid",  # "train": the authors' choice
         cpa_global: bool = True,
         cpa_local: bool = True,
         beta: float = 0.8,
         tau: float = 3.0,
         cpa_refine_from_round: int = 0,  # authors: 15
-        proto_std: str = "biased",  # "unbiased": the authors' K-1 divisor
+        proto_std: prototypes.StdKind = "biased",  # "unbiased": the authors' K-1 divisor
         proto_std_floor: float = 0.0,  # authors: 1.0
     ):
         super().__init__(cfg, task)
@@ -87,6 +88,14 @@ class PRR(Method):
             raise ValueError(f"PRR options need 0 < l1 <= l2 <= 1, got l1={l1}, l2={l2}")
         if not det_phases or set(det_phases) - set(PHASE_NAMES):
             raise ValueError(f"PRR option det_phases must be a non-empty subset of {PHASE_NAMES}, got {det_phases!r}")
+        # checked here, when the job starts, rather than where they are first used (the server's first
+        # aggregation, a site's first epoch): a bad value must not cost a round of training
+        pfa.pfa_threshold(0, cfg.num_rounds, r0=r0, r1=r1, schedule=r_schedule)
+        if not (tau > 0 and 0 <= beta < math.inf and proto_std_floor >= 0):
+            raise ValueError(
+                f"PRR options need tau > 0, finite beta >= 0, proto_std_floor >= 0; got tau={tau}, beta={beta}, "
+                f"proto_std_floor={proto_std_floor}"
+            )
         self.opt = dict(locals())
         for key in ("self", "cfg", "task", "__class__"):
             self.opt.pop(key, None)

@@ -5,7 +5,7 @@ PRR-FL) changes; PFA, DET and all PRR options work as in `PRR`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +76,7 @@ class FedeAMC(_PRRWithLoss):
 
     name = "fedeamc"
 
-    def __init__(self, cfg, task, *, counts: str = "global", power: float = 1.0, **prr_options: Any):
+    def __init__(self, cfg, task, *, counts: Literal["global", "local"] = "global", power: float = 1.0, **prr_options: Any):
         super().__init__(cfg, task, **prr_options)
         if counts not in ("global", "local"):
             raise ValueError(f"FedeAMC option counts must be 'global' or 'local', got {counts!r}")

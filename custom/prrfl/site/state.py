@@ -7,12 +7,16 @@ site that crashes resumes from its last completed round.
 
 The previous round's checkpoint is kept too: when the server dies after a site finished round r
 but before the server recorded it, the resumed job sends round r again, and the site must redo it
-from its state after round r-1, not train it twice.
+from its state after round r-1, not train it twice. It is also the fallback when the newest
+checkpoint cannot be read (a disk fault, a truncated copy): the unreadable file is kept aside as
+`site_state.pt.corrupt-<time>`, the site continues from the previous round and the round it lost is
+listed in its results as missed.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -42,12 +46,13 @@ class SiteRuntime:
     method: Method
     data: SiteData
     device: torch.device
-    state_dir: Path
+    state_dir: Path  # checkpoints, best model, results.json (prrfl.flare.places)
     models: dict[str, torch.nn.Module]
     optimizers: dict[str, torch.optim.Optimizer]
     generator: torch.Generator
     run_id: str
     data_root: str | None = None  # None: the task's embedded default data
+    output_dir: Path | None = None  # a second copy of results.json (the workspace, where reports look)
     log_scalar: Scalar = lambda tag, value, step: None
     memory: dict[str, Any] = field(default_factory=dict)
     round_idx: int = -1  # last completed round
@@ -106,16 +111,25 @@ class SiteRuntime:
             },
             self.state_dir / CHECKPOINT,
         )
-        save_json(self.results(), self.state_dir / RESULTS)
+        results = self.results()
+        for folder in {self.state_dir, self.output_dir or self.state_dir}:
+            save_json(results, folder / RESULTS)
 
     def restore(self, before_round: int | None = None) -> bool:
-        """Load this run's newest checkpoint of a round before `before_round` (any round when None);
-        False when starting fresh."""
+        """Load this run's newest readable checkpoint of a round before `before_round` (any round when
+        None); False when there is none (a new run). An unreadable checkpoint is set aside and the
+        previous one used, with a warning; when none of this run is readable, a RuntimeError says what to do."""
+        unreadable: list[Path] = []
         for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
             path = self.state_dir / name
             if not path.exists():
                 continue
-            ckpt = load_torch(path, map_location=self.device)
+            try:
+                ckpt = load_torch(path, map_location=self.device)
+            except RuntimeError as e:
+                log.warning("site %s: %s; trying the previous checkpoint", self.name, e)
+                unreadable.append(path)
+                continue
             if ckpt.get("run_id") != self.run_id:
                 log.info("site %s: checkpoint %s belongs to another run (%s); ignored", self.name, path, ckpt.get("run_id"))
                 continue
@@ -126,8 +140,22 @@ class SiteRuntime:
                 )
                 continue
             self._load(ckpt)
+            for bad in unreadable:
+                kept = bad.with_name(f"{bad.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+                bad.replace(kept)
+                log.warning(
+                    "site %s: continuing from %s (round %d) instead of the unreadable %s, kept as %s; the rounds "
+                    "after %d are lost for this site (listed as missed in its results)",
+                    self.name, path, self.round_idx, bad.name, kept.name, self.round_idx,
+                )
             log.info("site %s: resumed from %s after round %d", self.name, path, self.round_idx)
             return True
+        if unreadable:
+            raise RuntimeError(
+                f"site {self.name}: no readable checkpoint of run {self.run_id} in {self.state_dir} "
+                f"({', '.join(p.name for p in unreadable)} cannot be read): restore that folder from a backup, "
+                "or move it away and start a new run"
+            )
         return False
 
     def _load(self, ckpt: dict[str, Any]) -> None:

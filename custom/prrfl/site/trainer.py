@@ -20,7 +20,10 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     cfg, method = site.cfg, site.method
     started = time.perf_counter()
     train_seconds = 0.0
-    method.on_download(site, download, first=site.round_idx < 0)
+    first = site.round_idx < 0
+    if first and round_idx > 0:
+        check_can_join(site, download, round_idx)
+    method.on_download(site, download, first=first)
     if cfg.eval_test_every_epoch and round_idx > 0:
         # right after the download, before any local step: where retrogress shows
         test = site.evaluate(method.eval_role, "test")
@@ -56,6 +59,18 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     upload = method.upload(site)
     site.save()
     return upload
+
+
+def check_can_join(site: SiteRuntime, download: Download, round_idx: int) -> None:
+    """A site without a checkpoint may join a running run only while its download is still a whole model
+    (it never completed a round); otherwise its local layers (e.g. BatchNorm) are gone: say so."""
+    local = {k for model in site.models.values() for k in model.state_dict()} - set(download.params)
+    if local:
+        raise RuntimeError(
+            f"site {site.name}: no checkpoint of run {site.run_id} in {site.state_dir}, but the server asks for round "
+            f"{round_idx} and sends only the shared weights ({len(local)} local tensors such as {sorted(local)[0]!r} "
+            "are missing): restore that folder from a backup, or start a new run"
+        )
 
 
 def train_epoch(site: SiteRuntime) -> dict[str, float]:

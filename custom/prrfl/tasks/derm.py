@@ -8,18 +8,34 @@ cached and shared by all sites of the machine.
 
 from __future__ import annotations
 
+import math
 import os
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 import torch
 
+from prrfl.config import check_options, config_error
 from prrfl.data.augment import DermAugment, normalize
 from prrfl.data.derm import ensure_synthetic_federation, load_split
+from prrfl.data.derm.store import split_path
 from prrfl.metrics import classification_metrics
 from prrfl.models import SlimVGG16BN
 from prrfl.tasks.base import SiteData, Split, Task
+
+
+class DermData(TypedDict):
+    """The `data` options of a derm job; validation checks each value against its annotation."""
+
+    image_size: int
+    synthetic_scale: float
+    synthetic_seed: int
+    synthetic_raw_size: tuple[int, int]
+    split_seed: int
+    group_by: Literal["image", "lesion"]
+
 
 DEFAULT_DATA: dict[str, Any] = {
     "image_size": 64,  # the paper: 128
@@ -45,11 +61,24 @@ class DermTask(Task):
     classifier_key = SlimVGG16BN.classifier_key
 
     def __init__(self, data_cfg: dict[str, Any]):
-        unknown = sorted(set(data_cfg) - set(DEFAULT_DATA))
-        if unknown:
-            raise ValueError(f"unknown derm data option(s) {unknown}; expected some of {sorted(DEFAULT_DATA)}")
+        check_options(data_cfg, typing.get_type_hints(DermData), owner="derm data", path="data")
         super().__init__({**DEFAULT_DATA, **data_cfg})
+        self._check_ranges()
         self.augment = DermAugment()
+
+    def _check_ranges(self) -> None:
+        """Values of the right type that would still fail, but only once a site builds its data."""
+        d = self.data_cfg
+        rules = {
+            "image_size": (d["image_size"] >= 8, "an integer >= 8"),  # prepare_dermoscopy's minimum
+            "synthetic_scale": (0 < d["synthetic_scale"] < math.inf, "a number > 0"),
+            "synthetic_raw_size": (min(d["synthetic_raw_size"]) >= 1, "a list of 2 positive integers (width, height)"),
+            "synthetic_seed": (d["synthetic_seed"] >= 0, "an integer >= 0"),  # numpy seeds are non-negative
+            "split_seed": (d["split_seed"] >= 0, "an integer >= 0"),
+        }
+        for key, (ok, expected) in rules.items():
+            if not ok:
+                raise config_error(f"derm data option '{key}'", expected, d[key], f"data.{key}")
 
     def build_model(self) -> torch.nn.Module:
         return SlimVGG16BN(num_classes=self.num_classes)
@@ -84,6 +113,8 @@ class DermTask(Task):
         splits = {}
         for name in ("train", "valid", "test"):
             s = load_split(root, cohort, name)
+            if name == "train" and len(s) == 0 and cohort != self.ood_cohort:  # the OOD cohort is test-only
+                raise ValueError(f"{split_path(root, cohort, name)} holds no image: site {cohort} has nothing to train on")
             if s.images.shape[-1] != self.data_cfg["image_size"]:
                 raise ValueError(
                     f"{root}/{cohort}/{name}.npz holds {s.images.shape[-1]} px images but the job asks for "

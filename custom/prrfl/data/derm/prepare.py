@@ -187,12 +187,18 @@ def _assign(
             plan[s] = (recs, ["test"] * len(recs), "test_only")
         elif s in authors:
             kept, assigned, w = _author_assignment(recs, authors_dir, s, authors[s], allow_missing)
+            if "train" not in assigned:  # allow_missing dropped every listed training image
+                path = author_split_path(authors_dir, s, "train")
+                cohort = site(s).cohort or site(s).source
+                raise ValueError(f"{path}: no listed image is in the raw data of site {s} ({cohort}): nothing to train on")
             warnings += w
             plan[s] = (kept, assigned, "authors")
         else:
             groups = [r.lesion_id or r.image_id for r in recs] if group_by == "lesion" else None
             sub_seed = int(np.random.SeedSequence([seed, SITE_NAMES.index(s)]).generate_state(1)[0])
             labels = [r.label for r in recs]
+            # train is never empty here: the readers refuse a site without images, and every class
+            # keeps at least one unit in train
             assigned, w = stratified_assignment(labels, fractions, sub_seed, groups, context=f"site {s}")
             warnings += w
             plan[s] = (recs, assigned, "stratified")

@@ -40,18 +40,26 @@ class ImageRecord:
 
 
 def read_csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) pairs of a CSV file whose header must hold `required` columns."""
+    """(line number, row) pairs of a CSV file whose header must hold `required` columns. A file
+    without rows is an error: every CSV read here lists images, and an empty list would prepare a
+    federation of nothing without a word."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"CSV file not found: {path}")
     with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames or []
+        if not header:
+            raise ValueError(f"{path}: empty file (expected a header with the columns {list(required)} and rows)")
         missing = [c for c in required if c not in header]
         if missing:
             raise ValueError(f"{path}: missing column(s) {missing} (header: {header})")
+        rows = 0
         for row in reader:
+            rows += 1
             yield reader.line_num, {k: (v or "").strip() for k, v in row.items() if k is not None}
+        if not rows:
+            raise ValueError(f"{path}: no rows after the header")
 
 
 def read_ham10000(
@@ -100,6 +108,9 @@ def read_ham10000(
         log.warning(
             "%s: ignored %d rows of unknown cohorts %s", csv_path, sum(other_cohorts.values()), dict(other_cohorts)
         )
+    empty = [f"site {s} (cohort '{wanted[s]}')" for s, recs in out.items() if not recs]
+    if empty:
+        raise ValueError(f"{csv_path}: no nv/bkl/mel image of {', '.join(empty)}")
     _check_unique(csv_path, [r for rs in out.values() for r in rs])
     return out
 
@@ -151,6 +162,8 @@ def read_isic2017(root: Path, layout: RawLayout = DEFAULT_LAYOUT, site_name: str
         if absent:
             log.warning("%s: %d listed ids are not in %s (e.g. %s)", ids_path, len(absent), csv_path, absent[:3])
         log.info("%s: kept %d MSK rows, skipped %d others", csv_path, len(records), skipped)
+    if not records:
+        raise ValueError(f"{csv_path}: no image of site {site_name} (ISIC 2017 MSK) is listed in {ids_path}")
     _check_unique(csv_path, records)
     return records
 

@@ -1,0 +1,172 @@
+"""Faults in the FLARE simulator with the shipped defaults: a site killed with kill -9 mid-round, the
+same resumable command run twice, a resume with nothing saved, per-site settings files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from conftest import tiny_derm_config, untimed
+from prrfl.cli import main as prrfl
+from prrfl.flare.jobs import export_job
+
+pytestmark = pytest.mark.e2e
+
+
+def simulator(job: Path, ws: Path, sites: int, cache: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PRRFL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "nvflare.cli", "simulator", str(job), "-w", str(ws), "-n", str(sites), "-t", str(sites)]
+    return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        raise
+
+
+def kill_tree(pid: int) -> None:
+    """kill -9 a process and every descendant (the simulator starts each site in its own session)."""
+    try:
+        parent = psutil.Process(pid)
+        tree = [parent, *parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=10)
+
+
+def site_worker(sim: subprocess.Popen, site: str) -> psutil.Process:
+    for p in psutil.Process(sim.pid).children(recursive=True):
+        cmd = p.cmdline()
+        if "nvflare.private.fed.app.simulator.simulator_worker" in cmd and cmd[cmd.index("--client") + 1] == site:
+            return p
+    raise AssertionError(f"no simulator worker process for {site}")
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def load(path: Path):
+    return torch.load(path, weights_only=False) if path.exists() else None  # written atomically
+
+
+def test_a_site_killed_mid_round_is_left_out_and_the_job_ends_with_it_marked_stale(tmp_path):
+    """3 sites, shipped defaults (min_sites "majority" = 2, deadline "auto"): kill -9 of site-3 in round 1."""
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=3, local_epochs=3))
+    ws, log = tmp_path / "ws", tmp_path / "sim.log"
+    (ws / "local").mkdir(parents=True)  # per-site settings, the simulator's way: one file per site
+    (ws / "local" / "prrfl_site.site-1.json").write_text(json.dumps({"num_threads": 1}))
+    (ws / "local" / "prrfl_site.site-7.json").write_text("{}")  # names no site of the job
+    started = time.time()
+    sim = simulator(job, ws, 3, tmp_path / "cache", log)
+    try:
+        wait_for(lambda: "round 2/3: sending" in log.read_text(errors="replace"), 240, "round 2 to start")
+        site_worker(sim, "site-3").send_signal(signal.SIGKILL)
+        assert finish(sim, 300) == 0
+    finally:
+        kill_tree(sim.pid)
+    took = time.time() - started
+    out = log.read_text(errors="replace")
+    state_root = tmp_path / "ws.state"
+    assert load(state_root / "site-3/derm_prr/site_state.pt")["round_idx"] == 0, "site-3 finished round 1 before the kill"
+    assert "round 1: no result from site-3: no result within the deadline (6" in out  # the 60 s floor
+    assert "round 2: no result from site-3: silent since round 1, not waited for beyond the others" in out
+    state = load(state_root / "server/derm_prr/server_state.pt")
+    assert [h["sites"] for h in state["history"]] == [["site-1", "site-2", "site-3"], ["site-1", "site-2"], ["site-1", "site-2"]]
+    results = json.loads((ws / "server/simulate_job/results.json").read_text())
+    assert results["sites"]["site-3"]["participation"] == {"rounds": 3, "aggregated": [0], "missed": [1, 2], "stale": True}
+    assert not results["sites"]["site-1"]["participation"]["stale"]
+    table = (ws / "server/simulate_job/results.md").read_text()
+    assert "| site-3 (stale) | 0 | 1/3 |" in table and "* site-3: missed round(s) [1, 2]" in table
+    assert took < 240, f"the job took {took:.0f} s with one site dead"
+    # the settings files: site-1 read its own, site-7's is reported as unused
+    assert "site-1 (A): " in out and "settings " + str((ws / "site-1/local/prrfl_site.site-1.json").resolve()) in out
+    assert "site-2 (B): " in out and "settings none (defaults)" in out
+    assert "local/prrfl_site.site-7.json is not used: no site of this job is named 'site-7'" in out
+
+
+def test_the_same_resumable_command_run_twice_continues_where_the_first_stopped(tmp_path):
+    cfg = tiny_derm_config(num_rounds=3)
+    reference = export_job("derm_prr", tmp_path / "plain", cfg=cfg)
+    assert finish(simulator(reference, tmp_path / "ref", 2, tmp_path / "cache", tmp_path / "ref.log"), 300) == 0
+    # the README's recipe: a job exported with --resume auto, and one simulator command
+    assert prrfl(["jobs", "export", "derm_prr", "--out", str(tmp_path / "jobs"), "--resume", "auto",
+                  *(f"--set={k}={json.dumps(v)}" for k, v in cfg.to_dict().items())]) == 0
+    job, ws = tmp_path / "jobs" / "derm_prr", tmp_path / "ws"
+    state_file = tmp_path / "ws.state/server/derm_prr/server_state.pt"
+
+    first = simulator(job, ws, 2, tmp_path / "cache", tmp_path / "first.log")
+    try:
+        wait_for(lambda: (load(state_file) or {}).get("next_round", 0) >= 1, 240, "round 0 to be saved")
+    finally:
+        kill_tree(first.pid)  # a crash: the simulator and its sites, no chance to save more
+    before = load(state_file)
+    assert before["next_round"] < 3, "the run ended before the kill; make rounds longer"
+    assert "resume=auto: no saved state of run 'derm_prr'" in (tmp_path / "first.log").read_text(errors="replace")
+
+    assert finish(simulator(job, ws, 2, tmp_path / "cache", tmp_path / "second.log"), 300) == 0
+    second = (tmp_path / "second.log").read_text(errors="replace")
+    assert f"resuming run {before['run_id']} from {state_file} at round {before['next_round']}" in second
+    resumed, straight = load(state_file), load(tmp_path / "ref.state/server/derm_prr/server_state.pt")
+    assert resumed["run_id"] == before["run_id"] and [h["round"] for h in resumed["history"]] == [0, 1, 2]
+    for site in ("site-1", "site-2"):
+        mine = json.loads((ws / site / "prrfl/derm_prr/results.json").read_text())
+        theirs = json.loads((tmp_path / "ref" / site / "prrfl/derm_prr/results.json").read_text())
+        assert untimed(mine["history"]) == untimed(theirs["history"]), site  # the same numbers, each round once
+        for key, value in straight["downloads"][site].params.items():
+            assert torch.equal(resumed["downloads"][site].params[key], value), key
+
+    assert finish(simulator(job, ws, 2, tmp_path / "cache", tmp_path / "third.log"), 300) == 0
+    third = (tmp_path / "third.log").read_text(errors="replace")
+    assert "has completed all 3 rounds; nothing to train" in third and "| **mean** |" in third
+
+
+def test_resume_true_with_nothing_saved_fails_before_any_site_trains(tmp_path):
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(), resume=True)
+    log = tmp_path / "sim.log"
+    assert finish(simulator(job, tmp_path / "ws", 2, tmp_path / "cache", log), 300) != 0
+    out = log.read_text(errors="replace")
+    assert "the job cannot start: resume=true but there is no saved state of run 'derm_prr' in " in out
+    assert str(tmp_path / "ws.state/server/derm_prr") in out
+    assert "training images" not in out  # no site was asked to prepare
+
+
+@pytest.mark.parametrize("case", ["bad option in a hand-edited job", "unwritable state folder"])
+def test_a_job_that_cannot_run_is_refused_before_any_site_trains(tmp_path, case):
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config())
+    config = job / "app/config/config_fed_server.json"
+    server = json.loads(config.read_text())
+    args = next(w for w in server["workflows"] if w["id"] == "workflow")["args"]
+    if case == "unwritable state folder":
+        (tmp_path / "a_file").write_text("")
+        args["state_dir"] = str(tmp_path / "a_file" / "state")
+        expected = f"server: state folder {tmp_path / 'a_file' / 'state'} is not writable"
+    else:
+        args["config"]["method_args"] = {"det_enabled": "flase"}
+        expected = "det_enabled"
+    config.write_text(json.dumps(server))
+    log = tmp_path / "sim.log"
+    assert finish(simulator(job, tmp_path / "ws", 2, tmp_path / "cache", log), 300) != 0
+    out = log.read_text(errors="replace")
+    assert expected in out, out[-3000:]
+    assert "training images" not in out  # no site was asked to prepare
