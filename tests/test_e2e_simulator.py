@@ -101,14 +101,18 @@ if __name__ == "__main__":
 '''
 
 
-def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
-    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=3, min_sites=1))
-    # site-2 runs a copy of the client app whose script corrupts what it sends
+def with_malformed_site_2(job: Path) -> Path:
+    """site-2 runs a copy of the client app whose script corrupts what it sends."""
     shutil.copytree(job / "app", job / "app_bad")
     (job / "app_bad/custom/prrfl_site.py").write_text(BAD_SITE_SCRIPT)
     meta = json.loads((job / "meta.json").read_text())
     meta["deploy_map"] = {"app": ["server", "site-1"], "app_bad": ["site-2"]}
     (job / "meta.json").write_text(json.dumps(meta))
+    return job
+
+
+def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
+    job = with_malformed_site_2(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=3, min_sites=1)))
 
     proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
     out = proc.stdout + proc.stderr
@@ -141,12 +145,7 @@ def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):
 
 def test_a_round_with_fewer_than_min_sites_usable_uploads_stops_the_job_and_keeps_the_state(tmp_path):
     """Default min_sites ("majority") of 2 sites is 2: site-2's malformed upload leaves 1 in round 0."""
-    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config())
-    shutil.copytree(job / "app", job / "app_bad")
-    (job / "app_bad/custom/prrfl_site.py").write_text(BAD_SITE_SCRIPT)
-    meta = json.loads((job / "meta.json").read_text())
-    meta["deploy_map"] = {"app": ["server", "site-1"], "app_bad": ["site-2"]}
-    (job / "meta.json").write_text(json.dumps(meta))
+    job = with_malformed_site_2(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config()))
     proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-4000:]

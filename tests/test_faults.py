@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -138,6 +139,27 @@ def test_a_site_killed_mid_round_is_left_out_then_rejoins_from_its_checkpoint(de
     assert rejoined["rounds_missed"] == [1] and site_results(dep, kept[0], "site_lost")["rounds_missed"] == []
     results = json.loads(next(dep.kits.kit(dep.kits.server).rglob("prrfl/site_lost/results.json")).read_text())
     assert results["sites"][lost]["participation"]["missed"] == [1] and not results["sites"][lost]["participation"]["stale"]
+
+
+@pytest.mark.e2e
+def test_a_site_job_process_killed_while_its_client_runs_ends_the_job_and_a_resume_continues_it(deployment):
+    """FLARE 2.9 itself fails the whole job when a site's job process exits abnormally while the site's
+    FLARE client keeps running (the client reports the failure to the server). Nothing hangs, the state of
+    the last completed round is intact, and the job re-submitted with resume continues with every site."""
+    dep = deployment
+    victim = dep.kits.sites[2]
+    job = tiny_job(dep.root, "job_died", num_rounds=2)
+    job_id = dep.sess.submit_job(str(job))
+    wait_for(lambda: "round 2/2: sending" in server_log(dep), 180, "round 2 to start")
+    client = psutil.Process(dep.procs.procs[victim].pid)
+    worker = next(p for p in client.children(recursive=True) if "nvflare.private.fed.app.client.worker_process" in p.cmdline())
+    worker.kill()
+    wait_for(lambda: dep.sess.get_job_meta(job_id).get("status", "").startswith("FINISHED"), 120, "FLARE to end the job")
+    assert dep.sess.get_job_meta(job_id)["status"] != "FINISHED:COMPLETED"
+    assert server_state(dep, "job_died")["next_round"] == 1  # round 0 kept, round 1 not recorded
+    _, status = dep.run_job(with_workflow_args(job, dep.root / "after_job_died", resume=True), timeout=240)
+    assert status == "FINISHED:COMPLETED"
+    assert [h["sites"] for h in server_state(dep, "job_died")["history"]] == [sorted(dep.kits.sites)] * 2
 
 
 @pytest.mark.e2e

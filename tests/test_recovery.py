@@ -89,7 +89,7 @@ def test_resume_modes(tmp_path, caplog):
     assert workflow(resume=True)._load_state(tmp_path)["run_id"] == "r1"
     assert workflow(resume=False)._load_state(tmp_path) is None  # a new run as asked...
     assert not (tmp_path / STATE_FILE).exists()
-    aside = list(tmp_path.glob("server_state.replaced-*.pt"))  # ...and the old one kept, with a warning
+    aside = list(tmp_path.glob("server_state.pt.replaced-*"))  # ...and the old one kept, with a warning
     assert len(aside) == 1 and torch.load(aside[0], weights_only=False)["run_id"] == "r1"
     assert "starting a new run as asked (resume=false)" in caplog.text
     with pytest.raises(ValueError, match="workflow argument 'resume'"):
@@ -127,6 +127,10 @@ def test_the_deadline_follows_the_measured_work():
     assert auto.seconds([4.0, 8.0]) == 60  # 3 x 8 s is below the floor
     assert auto.seconds([100.0, 40.0]) == 300  # 3 x the slowest round
     assert "3 x the slowest round so far, 100 s" in auto.explain([100.0])
+    assert auto.seconds([], [2.0, 1.0]) == 60  # round 0: 5 x the sum of the estimates, at least the floor
+    assert auto.seconds([], [30.0, 10.0]) == 200
+    assert "5 x the sum of the sites' estimates of a round, 40.0 s" in auto.explain([], [30.0, 10.0])
+    assert auto.seconds([50.0], [30.0]) == 150  # a measured round wins over estimates
     assert Deadline(timeout=90).seconds([1000.0]) == 90
     assert Deadline(timeout=0).seconds([1.0]) is None
     for bad in ({"timeout": -1}, {"timeout": "soon"}, {"floor": 0}, {"factor": True}):
@@ -197,3 +201,18 @@ def test_state_lives_beside_the_simulator_workspace_and_inside_a_deployed_one(tm
     assert places.default_state_dir(sim_site, "site-2", "derm_prr", "simulate_job") == tmp_path / "ws.state" / "site-2" / "derm_prr"
     kit = tmp_path / "msk"
     assert places.default_state_dir(kit, "msk", "derm_prr", "3f2a-job") == kit / "prrfl" / "derm_prr"
+
+
+def test_the_round_estimate_times_a_step_and_leaves_the_site_untouched(tiny_task, tmp_path):
+    from prrfl.site.trainer import estimate_round_seconds
+
+    site = make_runtime(tiny_task, tmp_path)
+    models = {r: {k: v.clone() for k, v in m.state_dict().items()} for r, m in site.models.items()}
+    generator, global_rng = site.generator.get_state(), torch.get_rng_state()
+    estimate = estimate_round_seconds(site)
+    assert 0 < estimate < 60  # a tiny net on 30 images
+    assert torch.equal(site.generator.get_state(), generator) and torch.equal(torch.get_rng_state(), global_rng)
+    for role, state in models.items():
+        for key, value in site.models[role].state_dict().items():
+            assert torch.equal(value, state[key]), (role, key)
+    assert all(p.grad is None for m in site.models.values() for p in m.parameters())

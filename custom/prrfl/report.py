@@ -70,7 +70,7 @@ def results_table(summaries: dict[str, dict[str, Any]], metrics: tuple[str, ...]
         for m in metrics:
             v = test.get(m, math.nan)
             columns[m].append(v)
-            values.append(f"{v:.2f}")
+            values.append("-" if math.isnan(v) else f"{v:.2f}")
         name, rounds = site, ""
         part = summaries[site].get("participation")
         if with_rounds:
@@ -78,10 +78,13 @@ def results_table(summaries: dict[str, dict[str, Any]], metrics: tuple[str, ...]
         if part and part["missed"]:
             last = part["aggregated"][-1] if part["aggregated"] else None
             name = f"{site} (stale)" if part["stale"] else f"{site} (missed rounds)"
-            notes.append(
-                f"* {site}: missed round(s) {part['missed']}"
-                + (f"; its numbers are those of round {last}, its last aggregated upload" if part["stale"] else "")
-            )
+            if last is None:
+                stale = "; no upload of it was ever aggregated, so it has no numbers"
+            elif part["stale"]:
+                stale = f"; its numbers are those of round {last}, its last aggregated upload"
+            else:
+                stale = ""
+            notes.append(f"* {site}: missed round(s) {part['missed']}{stale}")
         lines.append(f"| {name} | {best.get('round', '-')} | {rounds}" + " | ".join(values) + " |")
     means = [_nanmean(columns[m]) for m in metrics]
     lines.append("| **mean** | | " + ("| " if with_rounds else "") + " | ".join(f"**{v:.2f}**" for v in means) + " |")

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,15 @@ def publish_dir(tmp: Path, target: str | Path, *, overwrite: bool) -> Path:
     else:
         os.rename(tmp, target)
     return target
+
+
+def set_aside(path: str | Path, why: str) -> Path:
+    """Rename `path` to `<name>.<why>-<time>` beside it (an unreadable or superseded state file is kept
+    for inspection, never deleted); returns the new path."""
+    path = Path(path)
+    kept = path.with_name(f"{path.name}.{why}-{time.strftime('%Y%m%d-%H%M%S')}")
+    path.replace(kept)
+    return kept
 
 
 def save_torch(obj: Any, path: str | Path) -> Path:

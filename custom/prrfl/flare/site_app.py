@@ -20,7 +20,7 @@ from prrfl.flare import protocol as P
 from prrfl.flare.site_config import SettingsReport, SiteConfig
 from prrfl.registry import build_method, build_task, validate_config
 from prrfl.site.state import SiteRuntime
-from prrfl.site.trainer import run_round
+from prrfl.site.trainer import estimate_round_seconds, run_round
 
 log = logging.getLogger("prrfl.site")
 
@@ -124,6 +124,7 @@ def run_task(runtime: SiteRuntime, task_name: str, model: flare.FLModel, setting
             "data_root": runtime.data_root,  # None: the embedded synthetic federation
             "state_dir": str(runtime.state_dir),
             "settings": (settings or SettingsReport()).to_meta(),
+            "round_estimate_s": estimate_round_seconds(runtime),  # for the first round's deadline
         })
     if task_name == P.TASK_TRAIN:
         download = P.model_to_download(model)

@@ -30,7 +30,7 @@ from prrfl.flare.validation import upload_problem
 from prrfl.methods.base import Download
 from prrfl.registry import build_method, build_task, validate_config
 from prrfl.report import participation, results_table
-from prrfl.storage import load_torch, save_json, save_text, save_torch
+from prrfl.storage import load_torch, save_json, save_text, save_torch, set_aside
 
 STATE_FILE = "server_state.pt"
 PREVIOUS_STATE_FILE = "server_state.previous.pt"
@@ -67,6 +67,7 @@ class PersonalizedWorkflow(ModelController):
         first_task_timeout: float = 7200.0,
         min_task_timeout: float = 60.0,
         task_timeout_factor: float = 3.0,
+        estimate_timeout_factor: float = 5.0,
     ):
         """config: a RunConfig as a dict, validated here (a bad job never reaches a site).
         resume: False starts a new run (a saved one of the same run_name is set aside, not overwritten);
@@ -74,7 +75,7 @@ class PersonalizedWorkflow(ModelController):
         else starts a new run with a warning.
         state_dir: where the workflow keeps its state (default: prrfl.flare.places.default_state_dir).
         task_timeout ("auto" or seconds, 0 = none), first_task_timeout, min_task_timeout,
-        task_timeout_factor: the per-round deadline (prrfl.flare.liveness.Deadline)."""
+        task_timeout_factor, estimate_timeout_factor: the per-round deadline (prrfl.flare.liveness.Deadline)."""
         super().__init__(persistor_id="", ignore_result_error=True)  # a failed site must not end the job
         # attributes named like the arguments: FLARE's job export reads them back into the config
         self.config = config
@@ -84,9 +85,10 @@ class PersonalizedWorkflow(ModelController):
         self.first_task_timeout = first_task_timeout
         self.min_task_timeout = min_task_timeout
         self.task_timeout_factor = task_timeout_factor
+        self.estimate_timeout_factor = estimate_timeout_factor
         if resume not in RESUME_MODES or not isinstance(resume, (bool, str)):
             raise ValueError(f"workflow argument 'resume' must be false, true or \"auto\", got {resume!r}")
-        self.deadline = Deadline(task_timeout, first_task_timeout, min_task_timeout, task_timeout_factor)
+        self.deadline = Deadline(task_timeout, first_task_timeout, min_task_timeout, task_timeout_factor, estimate_timeout_factor)
         self.cfg = validate_config(config)  # every field and method option, before any site is asked
         self.lost: dict[str, int] = {}  # sites that missed a deadline in this job -> the round
 
@@ -126,14 +128,15 @@ class PersonalizedWorkflow(ModelController):
             if self.abort_signal.triggered:
                 return
             observed = [s for h in state["history"] for s in h.get("seconds", {}).values()]
+            estimates = list(state.get("round_estimates", {}).values())
             self.info(
                 f"round {round_idx + 1}/{cfg.num_rounds}: sending each of {len(sites)} sites its own model; "
-                f"deadline {self.deadline.explain(observed)}"
+                f"deadline {self.deadline.explain(observed, estimates)}"
             )
             answers = self._send_each(
                 P.TASK_TRAIN,
                 {s: P.download_to_model(state["downloads"][s], common, round_idx, cfg.num_rounds) for s in sites},
-                self.deadline.seconds(observed),
+                self.deadline.seconds(observed, estimates),
                 round_idx,
             )
             uploads, summaries = [], {}
@@ -202,8 +205,7 @@ class PersonalizedWorkflow(ModelController):
                 raise RuntimeError(
                     f"{e}; {PREVIOUS_STATE_FILE} cannot be read either: restore {state_dir} from a backup or start a new run"
                 ) from e
-            kept = current.with_name(f"{STATE_FILE}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
-            current.replace(kept)
+            kept = set_aside(current, "corrupt")
             self.warning(
                 f"{e}; kept it as {kept.name} and resuming from {PREVIOUS_STATE_FILE} instead: round "
                 f"{state['next_round']} is trained again (sites that had done it redo it from their previous checkpoint)"
@@ -215,8 +217,7 @@ class PersonalizedWorkflow(ModelController):
         path = state_dir / STATE_FILE
         if not self.resume:
             if path.exists():
-                aside = path.with_name(f"server_state.replaced-{time.strftime('%Y%m%d-%H%M%S')}.pt")
-                path.replace(aside)
+                aside = set_aside(path, "replaced")
                 self.warning(
                     f"{path} holds a saved run of '{self.cfg.run_name}'; starting a new run as asked (resume=false): "
                     f"the old state is kept as {aside.name} (set resume to continue a saved run instead)"
@@ -255,7 +256,7 @@ class PersonalizedWorkflow(ModelController):
             self.deadline.seconds([]),
             round_idx=None,
         )
-        counts, synthetic, per_site_files = {}, [], set()
+        counts, estimates, synthetic, per_site_files = {}, {}, [], set()
         for site, why in sorted(answers.missing.items()):
             self.error(f"{site} cannot take part in this run: no answer to prepare: {why}")
         for site in sorted(answers.results):
@@ -267,6 +268,9 @@ class PersonalizedWorkflow(ModelController):
                 self.warning(f"{site} did not report usable class counts; it is left out of this run")
                 continue
             counts[site] = meta["class_counts"]
+            estimate = meta.get("round_estimate_s")
+            if isinstance(estimate, (int, float)) and 0 < estimate < float("inf"):
+                estimates[site] = float(estimate)
             settings = meta.get("settings") or {}
             per_site_files |= set(settings.get("per_site_files", []))
             for note in settings.get("notes", []):
@@ -276,7 +280,8 @@ class PersonalizedWorkflow(ModelController):
                 synthetic.append(site)
             self.info(
                 f"{site} ({meta.get('cohort')}): {meta['num_train']} training images from {source}, class counts "
-                f"{counts[site]}; settings {settings.get('used') or 'none (defaults)'}; state in {meta.get('state_dir')}"
+                f"{counts[site]}; settings {settings.get('used') or 'none (defaults)'}; state in {meta.get('state_dir')}; "
+                f"estimated {estimates.get(site, float('nan')):.1f} s per round"
             )
         for name in sorted(per_site_files - set(sites)):
             self.warning(f"local/prrfl_site.{name}.json is not used: no site of this job is named '{name}' (sites: {sites})")
@@ -296,6 +301,7 @@ class PersonalizedWorkflow(ModelController):
             "next_round": 0,
             "global_counts": global_counts,
             "site_counts": counts,
+            "round_estimates": estimates,  # each site's estimate of a round (s), for the first deadline
             "downloads": {s: initial for s in counts},
             "method_memory": {},
             "summaries": {},
@@ -353,7 +359,7 @@ class PersonalizedWorkflow(ModelController):
 
     def _finish(self, state: dict[str, Any], state_dir: Path) -> None:
         rounds = participation(state["history"], list(state["site_counts"]))
-        sites = {s: {**summary, "participation": rounds[s]} for s, summary in state["summaries"].items()}
+        sites = {s: {**state["summaries"].get(s, {}), "participation": rounds[s]} for s in state["site_counts"]}
         results = {"run_id": state["run_id"], "config": state["config"], "sites": sites}
         table = results_table(sites)
         for folder in (state_dir, Path(self.get_run_dir())):

@@ -16,7 +16,6 @@ listed in its results as missed.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +25,7 @@ import torch
 
 from prrfl.config import RunConfig
 from prrfl.methods.base import Method
-from prrfl.storage import load_torch, save_json, save_torch
+from prrfl.storage import load_torch, save_json, save_torch, set_aside
 from prrfl.tasks.base import SiteData, Split, Task
 
 log = logging.getLogger(__name__)
@@ -141,8 +140,7 @@ class SiteRuntime:
                 continue
             self._load(ckpt)
             for bad in unreadable:
-                kept = bad.with_name(f"{bad.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
-                bad.replace(kept)
+                kept = set_aside(bad, "corrupt")
                 log.warning(
                     "site %s: continuing from %s (round %d) instead of the unreadable %s, kept as %s; the rounds "
                     "after %d are lost for this site (listed as missed in its results)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -93,6 +94,28 @@ def train_epoch(site: SiteRuntime) -> dict[str, float]:
         for role, loss in method.train_batch(site, inputs, train.labels[idx]).items():
             totals[role] = totals.get(role, 0.0) + loss * len(idx)
     return {role: total / max(n, 1) for role, total in totals.items()}
+
+
+def estimate_round_seconds(site: SiteRuntime, repeats: int = 2) -> float:
+    """A rough cost of one round at this site, measured before the first one (the server's first-round
+    deadline is a multiple of it): the seconds per image of one training step of the task's model on one
+    batch, times the images a round trains (every model of the method) plus its evaluations at a third
+    of that cost. The site's models, generator and the global RNG are left as they were."""
+    cfg, data = site.cfg, site.data
+    images, labels = data.train.images[: cfg.batch_size], data.train.labels[: cfg.batch_size]
+    model = copy.deepcopy(site.models[site.method.roles[0]]).train()
+    seconds = []
+    with torch.random.fork_rng(devices=[site.device] if site.device.type == "cuda" else []):
+        inputs = site.task.eval_inputs(images)
+        for _ in range(repeats + 1):  # the first step warms up
+            tick = time.perf_counter()
+            logits, _ = model(inputs)
+            site.task.loss(logits, labels).backward()
+            seconds.append(_synchronized(site.device) - tick)
+    per_image = min(seconds[1:]) / len(labels)
+    trained = data.num_train * cfg.local_epochs * len(site.method.roles)
+    evaluated = (len(data.valid) + len(data.test)) * (cfg.local_epochs + 2)  # DET, per-epoch test, round end
+    return per_image * (trained + evaluated / 3)
 
 
 def _synchronized(device: torch.device) -> float:

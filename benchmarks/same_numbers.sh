@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Same seed, same numbers: runs a committed job (default jobs/derm_prr: 4 sites, 5 rounds x 2 epochs,
+# 64 px synthetic federation) in the FLARE simulator with the code of a git revision and with the working
+# tree, on this machine, and compares every site's history (per-round valid/test and per-epoch test
+# metrics; wall-clock timings left out) value by value. Use it to show a refactor changed no number.
+#
+#   bash benchmarks/same_numbers.sh <revision> [job] [sites]
+#   e.g. bash benchmarks/same_numbers.sh HEAD~1
+#
+# Prints each run's wall time and, per site, "identical" or "DIFFERENT"; exits 1 when any site differs.
+set -euo pipefail
+rev=${1:?usage: same_numbers.sh <revision> [job] [sites]}
+job=${2:-derm_prr}
+sites=${3:-4}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'git -C "$repo" worktree remove --force "$work/src" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+git -C "$repo" worktree add --detach -q "$work/src" "$rev"
+export PRRFL_CACHE=${PRRFL_CACHE:-$work/cache}   # one synthetic federation for both runs
+for side in before after; do
+  src=$([ "$side" = before ] && echo "$work/src" || echo "$repo")
+  start=$(date +%s)
+  (cd "$work" && PYTHONPATH="$src/custom" python -m nvflare.cli simulator "$src/jobs/$job" -w "$work/ws_$side" \
+      -n "$sites" -t "$sites" > "$work/$side.log" 2>&1) || { tail -40 "$work/$side.log"; exit 1; }
+  echo "$side ($rev if before, working tree if after): $(( $(date +%s) - start )) s"
+done
+python - "$work" "$job" "$sites" <<'PY'
+import json, sys
+work, job, sites = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def history(side, site):
+    results = json.load(open(f"{work}/ws_{side}/{site}/prrfl/{job}/results.json"))
+    return [{k: v for k, v in h.items() if k != "timing"} for h in results["history"]], results["best"]
+differ = 0
+for site in (f"site-{i}" for i in range(1, sites + 1)):
+    (a, _), (b, best) = history("before", site), history("after", site)
+    same = a == b
+    differ += not same
+    print(f"{site}: {'identical' if same else 'DIFFERENT'} ({len(a)} history entries; best round {best['round']}, test {best['test']})")
+sys.exit(1 if differ else 0)
+PY
