@@ -127,7 +127,9 @@ def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
     for site, download in state["downloads"].items():
         assert all(torch.isfinite(v).all() for v in download.params.values() if v.is_floating_point()), site
     server = json.loads((tmp_path / "ws/server/simulate_job/results.json").read_text())
-    assert sorted(server["sites"]) == ["site-1"]
+    assert server["sites"]["site-2"]["participation"] == {"rounds": 3, "aggregated": [], "missed": [0, 1, 2], "stale": True}
+    assert "best" not in server["sites"]["site-2"]  # no upload of it was used: no numbers, only the mark
+    assert server["sites"]["site-1"]["participation"]["aggregated"] == [0, 1, 2]
 
 
 def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):

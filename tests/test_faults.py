@@ -42,8 +42,10 @@ def server_state(dep, run_name: str) -> dict | None:
     return torch.load(path, weights_only=False) if path.exists() else None  # written atomically
 
 
-def server_log(dep) -> str:
-    return "".join(p.read_text(errors="replace") for p in dep.kits.kit(dep.kits.server).rglob("log.txt"))
+def server_log(dep, job_id: str) -> str:
+    """The live server log of one running job."""
+    path = dep.kits.kit(dep.kits.server) / job_id / "log.txt"
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def site_results(dep, site: str, run_name: str) -> dict:
@@ -115,7 +117,7 @@ def test_a_site_killed_mid_round_is_left_out_then_rejoins_from_its_checkpoint(de
     kept = sorted(s for s in dep.kits.sites if s != lost)
     job = tiny_job(dep.root, "site_lost", num_rounds=3)
     job_id = dep.sess.submit_job(str(job))
-    wait_for(lambda: "round 2/3: sending" in server_log(dep), 180, "round 2 to start")
+    wait_for(lambda: "round 2/3: sending" in server_log(dep, job_id), 180, "round 2 to start")
     killed = time.time()
     dep.kill(lost)
     checkpoint = torch.load(dep.kits.kit(lost) / "prrfl/site_lost/site_state.pt", weights_only=False)
@@ -124,7 +126,7 @@ def test_a_site_killed_mid_round_is_left_out_then_rejoins_from_its_checkpoint(de
     assert time.time() - killed < 150  # the 60 s deadline floor, not FLARE's 600 s heartbeat timeout
     state = server_state(dep, "site_lost")
     assert [h["sites"] for h in state["history"]] == [sorted(dep.kits.sites), kept]
-    log = (dep.kits.kit(dep.kits.server) / job_id / "log.txt").read_text(errors="replace")
+    log = server_log(dep, job_id)
     assert f"round 1: no result from {lost}: no result within the deadline" in log
     # FLARE 2.9 cannot add a restarted client to a running job: the site rejoins the resubmitted one
     dep.sess.abort_job(job_id)
@@ -150,7 +152,7 @@ def test_a_site_job_process_killed_while_its_client_runs_ends_the_job_and_a_resu
     victim = dep.kits.sites[2]
     job = tiny_job(dep.root, "job_died", num_rounds=2)
     job_id = dep.sess.submit_job(str(job))
-    wait_for(lambda: "round 2/2: sending" in server_log(dep), 180, "round 2 to start")
+    wait_for(lambda: "round 2/2: sending" in server_log(dep, job_id), 180, "round 2 to start")
     client = psutil.Process(dep.procs.procs[victim].pid)
     worker = next(p for p in client.children(recursive=True) if "nvflare.private.fed.app.client.worker_process" in p.cmdline())
     worker.kill()

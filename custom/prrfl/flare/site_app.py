@@ -17,7 +17,7 @@ from nvflare.client.tracking import SummaryWriter
 
 from prrfl.flare import places
 from prrfl.flare import protocol as P
-from prrfl.flare.site_config import SettingsReport, SiteConfig
+from prrfl.flare.site_config import SettingsReport, SiteConfig, per_site_name
 from prrfl.registry import build_method, build_task, validate_config
 from prrfl.site.state import SiteRuntime
 from prrfl.site.trainer import estimate_round_seconds, run_round
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     for note in settings.notes:
         log.warning("site %s: %s", site, note)
     if not local.data_root:
-        log.warning("site %s: no data_root in %s: training on the embedded synthetic federation", site, settings.used or "local/prrfl_site.json (none found)")
+        source = settings.used or f"no local/{per_site_name(site)} or local/prrfl_site.json"
+        log.warning("site %s: no data_root (%s): training on the embedded synthetic federation", site, source)
     writer = SummaryWriter()
     runtime: SiteRuntime | None = None
     while flare.is_running():

@@ -22,7 +22,7 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.app_opt.pt.decomposers import TensorDecomposer
 from nvflare.fuel.utils import fobs
 
-from prrfl.config import RunConfig
+from prrfl.config import ConfigError, RunConfig
 from prrfl.flare import places
 from prrfl.flare import protocol as P
 from prrfl.flare.liveness import AUTO, Deadline
@@ -116,7 +116,11 @@ class PersonalizedWorkflow(ModelController):
         absent = sorted(set(state["site_counts"]) - set(clients))
         if absent:
             self.warning(f"sites of run {state['run_id']} not in this job: {absent}; they keep their last download")
-        min_sites = self._required(len(state["site_counts"]))
+        try:
+            min_sites = cfg.required_sites(len(state["site_counts"]))
+        except ConfigError as e:
+            self.panic(f"the job cannot go on: {e}")
+            return
         torch.manual_seed(cfg.seed)
         model = task.build_model()
         reference = {k: v for k, v in model.state_dict().items() if k in set(method.shared_keys(model))}
@@ -139,6 +143,8 @@ class PersonalizedWorkflow(ModelController):
                 self.deadline.seconds(observed, estimates),
                 round_idx,
             )
+            if self.abort_signal.triggered:
+                return
             uploads, summaries = [], {}
             for site, why in sorted(answers.missing.items()):
                 self.warning(f"round {round_idx}: no result from {site}: {why}; it keeps its previous download")
@@ -185,9 +191,6 @@ class PersonalizedWorkflow(ModelController):
         root = Path(self.engine.get_workspace().get_root_dir())
         job_id = self.fl_ctx.get_job_id() if self.fl_ctx else None
         return places.default_state_dir(root, "server", self.cfg.run_name, job_id)
-
-    def _required(self, num_sites: int) -> int:
-        return self.cfg.required_sites(num_sites)
 
     def _read_state(self, state_dir: Path) -> dict[str, Any] | None:
         """The newest readable saved state; an unreadable one is set aside (kept) and the previous used."""
@@ -256,6 +259,8 @@ class PersonalizedWorkflow(ModelController):
             self.deadline.seconds([]),
             round_idx=None,
         )
+        if self.abort_signal.triggered:
+            return None
         counts, estimates, synthetic, per_site_files = {}, {}, [], set()
         for site, why in sorted(answers.missing.items()):
             self.error(f"{site} cannot take part in this run: no answer to prepare: {why}")
@@ -287,7 +292,11 @@ class PersonalizedWorkflow(ModelController):
             self.warning(f"local/prrfl_site.{name}.json is not used: no site of this job is named '{name}' (sites: {sites})")
         if synthetic:
             self.warning(f"sites training on the embedded synthetic federation (no data_root in their settings): {synthetic}")
-        min_sites = self._required(len(sites))
+        try:
+            min_sites = cfg.required_sites(len(sites))
+        except ConfigError as e:
+            self.panic(f"the job cannot start: {e}")
+            return None
         if len(counts) < min_sites:
             self.panic(f"only {len(counts)} of {len(sites)} sites prepared their data, fewer than min_sites={cfg.min_sites} ({min_sites})")
             return None
