@@ -22,7 +22,8 @@ for side in before after; do
   start=$(date +%s)
   (cd "$work" && PYTHONPATH="$src/custom" python -m nvflare.cli simulator "$src/jobs/$job" -w "$work/ws_$side" \
       -n "$sites" -t "$sites" > "$work/$side.log" 2>&1) || { tail -40 "$work/$side.log"; exit 1; }
-  echo "$side ($rev if before, working tree if after): $(( $(date +%s) - start )) s"
+  label=$([ "$side" = before ] && echo "$rev" || echo "working tree")
+  echo "$side ($label): $(( $(date +%s) - start )) s wall"
 done
 python - "$work" "$job" "$sites" <<'PY'
 import json, sys

@@ -71,7 +71,7 @@ def test_tensorboard_events_for_every_site(finished_run):
             assert any(t.endswith(expected) for t in tags), (expected, sorted(tags))
 
 
-BAD_SITE_SCRIPT = '''"""A site whose every upload is malformed, one way per round."""
+BAD_SITE_SCRIPT = '''"""A site whose every upload is malformed, one way per round, and that fails in its fourth round."""
 import math
 
 from prrfl.flare import protocol as P
@@ -81,6 +81,9 @@ honest, sent = P.upload_to_model, []
 
 
 def malformed(*args):
+    if len(sent) == 3:
+        sent.append("error")
+        raise RuntimeError("a site failure in round 3")
     model = honest(*args)
     kind = len(sent) % 3
     if kind == 0:  # a NaN weight
@@ -112,7 +115,7 @@ def with_malformed_site_2(job: Path) -> Path:
 
 
 def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
-    job = with_malformed_site_2(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=3, min_sites=1)))
+    job = with_malformed_site_2(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=4, min_sites=1)))
 
     proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
     out = proc.stdout + proc.stderr
@@ -123,13 +126,14 @@ def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
         lines = [line for line in out.splitlines() if f"round {round_idx}: rejected the upload of site-2: " in line]
         assert lines and reason in lines[0], (round_idx, reason, lines)
     state = torch.load(tmp_path / "ws.state/server/derm_prr/server_state.pt", weights_only=False)
-    assert [h["sites"] for h in state["history"]] == [["site-1"]] * 3  # aggregated without it, never crashed
+    assert "round 3: site-2 failed: RuntimeError: a site failure in round 3; it keeps its previous download" in out
+    assert [h["sites"] for h in state["history"]] == [["site-1"]] * 4  # aggregated without it, never crashed
     for site, download in state["downloads"].items():
         assert all(torch.isfinite(v).all() for v in download.params.values() if v.is_floating_point()), site
     server = json.loads((tmp_path / "ws/server/simulate_job/results.json").read_text())
-    assert server["sites"]["site-2"]["participation"] == {"rounds": 3, "aggregated": [], "missed": [0, 1, 2], "stale": True}
+    assert server["sites"]["site-2"]["participation"] == {"rounds": 4, "aggregated": [], "missed": [0, 1, 2, 3], "stale": True}
     assert "best" not in server["sites"]["site-2"]  # no upload of it was used: no numbers, only the mark
-    assert server["sites"]["site-1"]["participation"]["aggregated"] == [0, 1, 2]
+    assert server["sites"]["site-1"]["participation"]["aggregated"] == [0, 1, 2, 3]
 
 
 def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):

@@ -147,7 +147,7 @@ def test_the_same_resumable_command_run_twice_continues_where_the_first_stopped(
 def test_resume_true_with_nothing_saved_fails_before_any_site_trains(tmp_path):
     job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(), resume=True)
     log = tmp_path / "sim.log"
-    assert finish(simulator(job, tmp_path / "ws", 2, tmp_path / "cache", log), 300) != 0
+    assert finish(simulator(job, tmp_path / "ws", 2, tmp_path / "cache", log), 300) == 2
     out = log.read_text(errors="replace")
     assert "the job cannot start: resume=true but there is no saved state of run 'derm_prr' in " in out
     assert str(tmp_path / "ws.state/server/derm_prr") in out
