@@ -80,20 +80,38 @@ def saved_state(next_round: int) -> dict:
 
 def test_resume_modes(tmp_path, caplog):
     caplog.set_level(logging.INFO)
+    state_dir = tmp_path / "derm_prr"
     with pytest.raises(FileNotFoundError, match=r"resume=true but there is no saved state of run 'derm_prr' in .*nothing to resume"):
-        workflow(resume=True)._load_state(tmp_path)
-    assert workflow(resume="auto")._load_state(tmp_path) is None
+        workflow(resume=True)._load_state(state_dir)
+    assert workflow(resume="auto")._load_state(state_dir) is None
     assert "resume=auto: no saved state" in caplog.text
-    save_torch(saved_state(1), tmp_path / STATE_FILE)
-    assert workflow(resume="auto")._load_state(tmp_path)["run_id"] == "r1"
-    assert workflow(resume=True)._load_state(tmp_path)["run_id"] == "r1"
-    assert workflow(resume=False)._load_state(tmp_path) is None  # a new run as asked...
-    assert not (tmp_path / STATE_FILE).exists()
-    aside = list(tmp_path.glob("server_state.pt.replaced-*"))  # ...and the old one kept, with a warning
-    assert len(aside) == 1 and torch.load(aside[0], weights_only=False)["run_id"] == "r1"
+    save_torch(saved_state(1), state_dir / STATE_FILE)
+    assert workflow(resume="auto")._load_state(state_dir)["run_id"] == "r1"
+    assert workflow(resume=True)._load_state(state_dir)["run_id"] == "r1"
+    assert workflow(resume=False)._load_state(state_dir) is None  # a new run as asked...
+    assert not state_dir.exists()
+    aside = list(tmp_path.glob("derm_prr.replaced-*"))  # ...and the old one kept, with a warning
+    assert len(aside) == 1 and torch.load(aside[0] / STATE_FILE, weights_only=False)["run_id"] == "r1"
     assert "starting a new run as asked (resume=false)" in caplog.text
     with pytest.raises(ValueError, match="workflow argument 'resume'"):
         workflow(resume="yes")
+
+
+def test_a_new_run_sets_the_earlier_runs_folder_aside_keeping_the_latest_only(tmp_path):
+    folder = tmp_path / "site-1" / "derm_prr"
+    assert places.set_aside_previous_run(folder) is None  # nothing there yet
+    folder.mkdir(parents=True)
+    assert places.set_aside_previous_run(folder) is None  # an empty folder holds no run
+    (folder / "site_state.pt").write_text("first run")
+    first = places.set_aside_previous_run(folder)
+    assert first.name.startswith("derm_prr.replaced-") and (first / "site_state.pt").read_text() == "first run"
+    assert not folder.exists()
+    folder.mkdir()
+    (folder / "site_state.pt").write_text("second run")
+    first.rename(first.with_name("derm_prr.replaced-20000101-000000"))  # an older copy
+    second = places.set_aside_previous_run(folder)
+    assert [p.name for p in folder.parent.iterdir()] == [second.name]  # only the latest is kept
+    assert (second / "site_state.pt").read_text() == "second run"
 
 
 def test_an_unreadable_server_state_falls_back_to_the_previous_round(tmp_path, caplog):

@@ -18,6 +18,7 @@ import torch
 from conftest import tiny_derm_config, untimed
 from prrfl.cli import main as prrfl
 from prrfl.flare.jobs import export_job
+from prrfl.flare.workflow import STATE_FILE as STATE
 
 pytestmark = pytest.mark.e2e
 
@@ -142,6 +143,14 @@ def test_the_same_resumable_command_run_twice_continues_where_the_first_stopped(
     assert finish(simulator(job, ws, 2, tmp_path / "cache", tmp_path / "third.log"), 300) == 0
     third = (tmp_path / "third.log").read_text(errors="replace")
     assert "has completed all 3 rounds; nothing to train" in third and "| **mean** |" in third
+
+    # the plain job (resume=false) in the same workspace: a new run, the finished one set aside, not overwritten
+    assert finish(simulator(reference, ws, 2, tmp_path / "cache", tmp_path / "fourth.log"), 300) == 0
+    assert "starting a new run as asked (resume=false)" in (tmp_path / "fourth.log").read_text(errors="replace")
+    assert load(state_file)["run_id"] != before["run_id"]
+    for participant, name in (("server", STATE), ("site-1", "site_state.pt"), ("site-2", "site_state.pt")):
+        (kept,) = (tmp_path / "ws.state" / participant).glob("derm_prr.replaced-*")
+        assert load(kept / name)["run_id"] == before["run_id"], participant
 
 
 def test_resume_true_with_nothing_saved_fails_before_any_site_trains(tmp_path):

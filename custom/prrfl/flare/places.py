@@ -7,6 +7,7 @@
   beside the workspace: `<simulator workspace>.state/<participant>/<run_name>/`; e.g. for
   `-w workspace/derm_prr`, the server's state is in `workspace/derm_prr.state/server/derm_prr/`.
 
+A new run (not a resumed one) first moves an earlier run's state folder aside (`set_aside_previous_run`).
 A site's results.json is also written under its workspace (`<site workspace>/prrfl/<run_name>/`), where
 `prrfl results` and `prrfl report` look; in a deployment both places are the same folder.
 """
@@ -14,6 +15,8 @@ A site's results.json is also written under its workspace (`<site workspace>/prr
 from __future__ import annotations
 
 import os
+import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -55,3 +58,17 @@ def ensure_writable(folder: Path, owner: str, setting: str) -> Path:
     except OSError as e:
         raise OSError(f"{owner}: state folder {folder} is not writable ({e.strerror or e}); {setting}") from e
     return folder
+
+
+def set_aside_previous_run(folder: Path) -> Path | None:
+    """Before a new run writes into `folder`, move what an earlier run left there to
+    `<folder>.replaced-<time>` beside it, so a new run never overwrites another's state (rename it back to
+    resume that run). Only the latest such copy is kept. Returns where the files went, None if there were none."""
+    folder = Path(folder)
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return None
+    for older in folder.parent.glob(f"{folder.name}.replaced-*"):
+        shutil.rmtree(older, ignore_errors=True)
+    kept = folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+    folder.rename(kept)
+    return kept

@@ -36,6 +36,10 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
     method = build_method(cfg, task)
     workspace = Path.cwd()  # FLARE runs the site in its workspace
     state_dir = Path(local.state_dir).resolve() if local.state_dir else places.default_state_dir(workspace, site, cfg.run_name, job_id)
+    if P.ROUND not in meta:  # the prepare task of a new run: an earlier run's files are kept, not overwritten
+        kept = places.set_aside_previous_run(state_dir)
+        if kept:
+            log.warning("site %s: a new run starts; the state of the earlier run in %s is kept in %s", site, state_dir, kept)
     places.ensure_writable(state_dir, f"site {site}", "set state_dir in the site's local/prrfl_site.json to a writable folder")
     device = torch.device(local.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":

@@ -220,10 +220,10 @@ class PersonalizedWorkflow(ModelController):
         path = state_dir / STATE_FILE
         if not self.resume:
             if path.exists():
-                aside = set_aside(path, "replaced")
+                aside = places.set_aside_previous_run(state_dir)
                 self.warning(
                     f"{path} holds a saved run of '{self.cfg.run_name}'; starting a new run as asked (resume=false): "
-                    f"the old state is kept as {aside.name} (set resume to continue a saved run instead)"
+                    f"the old state is kept in {aside} (set resume to continue a saved run instead)"
                 )
             return None
         state = self._read_state(state_dir)
