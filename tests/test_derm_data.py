@@ -31,9 +31,8 @@ from prrfl.data.derm.store import class_counts, load_split
 from prrfl.data.derm.synthetic import generate_synthetic
 
 AUTHORS_COPY = Path(__file__).parent / "data" / "authors_splits"
-AUTHORS_SHARED = Path("/work/shared/reference/authors_splits")
 
-# REFERENCE_NOTES 5.2: nv / bkl / mel per client and split.
+# docs/authors_code.md §5.2: nv / bkl / mel per client and split.
 AUTHOR_COUNTS = {
     "A": {"train": (1282, 333, 476), "valid": (183, 47, 68), "test": (367, 95, 136)},
     "B": {"train": (2604, 87, 17), "valid": (372, 12, 2), "test": (744, 25, 5)},
@@ -80,19 +79,6 @@ def _check_author_counts(directory: Path) -> None:
 def test_author_splits_repo_copy_has_the_reference_counts():
     _check_author_counts(AUTHORS_COPY)
     assert (AUTHORS_COPY / "LICENSE").read_text().startswith("MIT")
-
-
-@pytest.mark.skipif(
-    not AUTHORS_SHARED.is_dir(), reason=f"{AUTHORS_SHARED} not present (only on the development machine)"
-)
-def test_author_splits_shared_originals_have_the_reference_counts():
-    _check_author_counts(AUTHORS_SHARED)
-    for s in AUTHOR_COUNTS:
-        for split in SPLITS:
-            assert (
-                author_split_path(AUTHORS_COPY, s, split).read_bytes()
-                == author_split_path(AUTHORS_SHARED, s, split).read_bytes()
-            )
 
 
 def _edited_copy(tmp_path: Path, site: str, split: str, line: int, edit) -> Path:

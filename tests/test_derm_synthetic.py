@@ -30,7 +30,7 @@ def raw(tmp_path_factory) -> Path:
 def test_table_counts_scale_one_is_table_i():
     counts = table_counts(1.0)
     assert counts == {name: s.table for name, s in SITES.items()}
-    assert sum(sum(c) for n, c in counts.items() if n != "OOD") == 10490  # REFERENCE_NOTES 5.2
+    assert sum(sum(c) for n, c in counts.items() if n != "OOD") == 10490  # docs/authors_code.md §5.2
 
 
 def test_table_counts_scaled_keep_proportions_and_minimum():

@@ -14,7 +14,7 @@ def test_slim_vgg_matches_the_paper_size_and_outputs():
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     assert len(convs) == 13 and all(c.bias is None for c in convs)
     params = sum(p.numel() for p in model.parameters())
-    assert params == 2_371_104  # conv 2,350,944 + fc 16,576 + BN 3,584 (REFERENCE_NOTES 4.1)
+    assert params == 2_371_104  # conv 2,350,944 + fc 16,576 + BN 3,584 (docs/authors_code.md §4.1)
     assert params * 4 / 2**20 == pytest.approx(9.04, abs=0.01)  # the paper's "9.1 MB"
     model.eval()
     for size in (128, 64):

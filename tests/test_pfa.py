@@ -110,7 +110,7 @@ def test_threshold_rejects_bad_arguments(kwargs):
 
 
 def test_box_matches_the_reference_table():
-    # REFERENCE_NOTES 1.4: layer1.0.conv as a 9 x 96 matrix (authors' layout), fc2 rows of length 64
+    # docs/authors_code.md §1.5: layer1.0.conv as a 9 x 96 matrix (authors' layout), fc2 rows of length 64
     assert low_frequency_box((9, 96), 0.35) == (slice(1, 7), slice(15, 81))
     assert low_frequency_box((9, 96), 0.4725) == (slice(0, 8), slice(3, 93))
     assert low_frequency_band(64, 0.35) == slice(10, 54)

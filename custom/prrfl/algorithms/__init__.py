@@ -6,5 +6,5 @@ cpa         Conjoint Prototype-Aligned loss (site): conjoint mask G, modified so
 prototypes  per-class mean embeddings (site) and the sampled Gaussian global prototype (server).
 
 Defaults follow the TMI 2022 paper; each material difference of the authors' code is a named
-option (see shared/reference/REFERENCE_NOTES.md).
+option (see docs/authors_code.md).
 """

@@ -47,7 +47,7 @@ def next_phase(
     l2: float = 0.9,
     just_downloaded: bool = False,
 ) -> Phase:
-    """The phase for the coming epoch (REFERENCE_NOTES 2.1), rules in order:
+    """The phase for the coming epoch (docs/authors_code.md §2.1), rules in order:
 
     1. D < l1*P, or the deputy was just downloaded, or no phase yet   -> RECOVER
     2. coming from RECOVER, or (EXCHANGE/SUBLIMATE and D < l2*P)       -> EXCHANGE

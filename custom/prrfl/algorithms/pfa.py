@@ -6,7 +6,7 @@ and inside a centred low-frequency box the sites' amplitude and phase are replac
 is the site's new weight, so there is one output per site and no single global model. The box
 grows over the rounds (`pfa_threshold`), sharing more of the spectrum as training settles.
 
-Choices pinned here (REFERENCE_NOTES Sec. 1):
+Choices pinned here (docs/authors_code.md §1):
 * the box on an axis of length n is [n//2 - b, n//2 + b) with b = floor(r*n): asymmetric, as in
   the authors' code, so r must lie in [0, 0.5];
 * the phase is averaged arithmetically (the +-pi wrap is ignored), as in both paper and code; with

@@ -1,8 +1,8 @@
 """Batch augmentation on uint8 image tensors, on whatever device they live (no per-epoch decoding).
 
 Each sample draws its own parameters, vectorised over the batch: vertical/horizontal flips,
-brightness, blur or noise, and a shift-scale-rotate affine (the authors' pipeline, REFERENCE_NOTES
-4.3), then normalisation to [-1, 1]. torchvision's functional ops do the pixel work.
+brightness, blur or noise, and a shift-scale-rotate affine (the authors' pipeline, docs/authors_code.md
+§4.2), then normalisation to [-1, 1]. torchvision's functional ops do the pixel work.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Importer of the authors' per-client split files (PRR-Imbalance, csv_folder/client{X}/{split}_client{X}.csv).
 
-Only image_id and label are authoritative (REFERENCE_NOTES 5.1). The other columns are used as
+Only image_id and label are authoritative (docs/authors_code.md §5.1). The other columns are used as
 cross-checks where they carry meaning: a dx of nv/bkl/mel must agree with the label, the HAM
 `dataset` column must name the site's cohort, and ISIC 2017 flags (under their own names in D's
 test file, under the wrong names lesion_id/dx in D's train and valid files) must agree too.
