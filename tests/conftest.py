@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -123,3 +125,11 @@ def tiny_derm_config(**overrides):
     from prrfl.flare.jobs import job_config
 
     return RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_DATA, **overrides})
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    """Poll `condition` until it holds; fail the test after `timeout` seconds, saying what did not happen."""
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from conftest import tiny_derm_config
 from prrfl.flare.jobs import export_job
+from prrfl.sweep import simulator_command
 
 pytestmark = pytest.mark.e2e
 
@@ -22,8 +22,7 @@ pytestmark = pytest.mark.e2e
 
 def run_simulator(job: Path, workspace: Path, sites: int, cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PRRFL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "nvflare.cli", "simulator", str(job), "-w", str(workspace), "-n", str(sites), "-t", str(sites)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
+    return subprocess.run(simulator_command(job, workspace, sites), env=env, capture_output=True, text=True, timeout=420)
 
 
 @pytest.fixture(scope="module")

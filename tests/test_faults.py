@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import TINY_DATA, tiny_derm_config, untimed
+from conftest import TINY_DATA, tiny_derm_config, untimed, wait_for
 from prrfl.config import RunConfig
 from prrfl.data.derm import ensure_synthetic_federation
 from prrfl.deploy import poc_deployment, with_workflow_args, write_site_config
@@ -55,13 +55,6 @@ def site_results(dep, site: str, run_name: str) -> dict:
 def job_log(dep, job_id: str) -> str:
     """The server log of a finished job, as the admin downloads it (FLARE moves the live one away)."""
     return "".join(p.read_text(errors="replace") for p in Path(dep.sess.download_job_result(job_id)).rglob("log.txt"))
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

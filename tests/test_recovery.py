@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_runtime, tiny_derm_config, untimed
+from conftest import make_runtime, tiny_derm_config
 from prrfl.flare import places
 from prrfl.flare.liveness import Deadline
 from prrfl.flare.site_app import build_runtime

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,17 +14,19 @@ import psutil
 import pytest
 import torch
 
-from conftest import tiny_derm_config, untimed
+from conftest import tiny_derm_config, untimed, wait_for
 from prrfl.cli import main as prrfl
+from prrfl.deploy import kill_process_tree
 from prrfl.flare.jobs import export_job
 from prrfl.flare.workflow import STATE_FILE as STATE
+from prrfl.sweep import simulator_command
 
 pytestmark = pytest.mark.e2e
 
 
 def simulator(job: Path, ws: Path, sites: int, cache: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PRRFL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "nvflare.cli", "simulator", str(job), "-w", str(ws), "-n", str(sites), "-t", str(sites)]
+    cmd = simulator_command(job, ws, sites)
     return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -33,23 +34,8 @@ def finish(proc: subprocess.Popen, timeout: float) -> int:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
+        kill_process_tree(proc.pid, grace=0)
         raise
-
-
-def kill_tree(pid: int) -> None:
-    """kill -9 a process and every descendant (the simulator starts each site in its own session)."""
-    try:
-        parent = psutil.Process(pid)
-        tree = [parent, *parent.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in tree:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=10)
 
 
 def site_worker(sim: subprocess.Popen, site: str) -> psutil.Process:
@@ -58,13 +44,6 @@ def site_worker(sim: subprocess.Popen, site: str) -> psutil.Process:
         if "nvflare.private.fed.app.simulator.simulator_worker" in cmd and cmd[cmd.index("--client") + 1] == site:
             return p
     raise AssertionError(f"no simulator worker process for {site}")
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def load(path: Path):
@@ -86,7 +65,7 @@ def test_a_site_killed_in_the_first_round_is_left_out_and_the_job_ends_with_it_m
         site_worker(sim, "site-3").send_signal(signal.SIGKILL)
         assert finish(sim, 300) == 0
     finally:
-        kill_tree(sim.pid)
+        kill_process_tree(sim.pid, grace=0)
     took = time.time() - started
     out = log.read_text(errors="replace")
     state_root = tmp_path / "ws.state"
@@ -123,7 +102,7 @@ def test_the_same_resumable_command_run_twice_continues_where_the_first_stopped(
     try:
         wait_for(lambda: (load(state_file) or {}).get("next_round", 0) >= 1, 240, "round 0 to be saved")
     finally:
-        kill_tree(first.pid)  # a crash: the simulator and its sites, no chance to save more
+        kill_process_tree(first.pid, grace=0)  # a crash: the simulator and its sites, no chance to save more
     before = load(state_file)
     assert before["next_round"] < 3, "the run ended before the kill; make rounds longer"
     assert "resume=auto: no saved state of run 'derm_prr'" in (tmp_path / "first.log").read_text(errors="replace")

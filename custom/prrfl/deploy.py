@@ -131,6 +131,23 @@ def client_command(kits: Kits, site: str) -> list[str]:
             "fed_client.json", "--set", "secure_train=true", f"uid={site}", f"org={kits.orgs[site]}", "config_folder=config"]
 
 
+def kill_process_tree(pid: int, grace: float = 5.0) -> None:
+    """SIGTERM a process and all its descendants, SIGKILL what is left after grace seconds (grace=0:
+    SIGKILL at once, as `kill -9` or a power cut would), then wait until they are gone (10 s at most)."""
+    try:
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.terminate() if grace > 0 else p.kill()
+    _, left = psutil.wait_procs(tree, timeout=grace)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(left, timeout=max(grace, 10.0))
+
+
 class Processes:
     """Long-running processes, each in its own session, stopped together with all their descendants
     (FLARE starts each job in a new session, so killing our process groups alone would orphan them)."""
@@ -150,23 +167,11 @@ class Processes:
         return [n for n, p in self.procs.items() if p.poll() is None]
 
     def kill(self, name: str, grace: float = 5.0) -> None:
-        """SIGTERM the process and its descendants, SIGKILL what is left after grace seconds
-        (grace=0: SIGKILL at once, as `kill -9` or a power cut would)."""
+        """Stop the named process and its descendants (kill_process_tree)."""
         proc = self.procs.get(name)
         if proc is None:
             return
-        try:
-            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            tree = []
-        for p in tree:
-            with contextlib.suppress(psutil.Error):
-                p.terminate() if grace > 0 else p.kill()
-        _, left = psutil.wait_procs(tree, timeout=grace)
-        for p in left:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        psutil.wait_procs(left, timeout=grace)
+        kill_process_tree(proc.pid, grace)
         proc.poll()
 
     def stop_all(self) -> None:

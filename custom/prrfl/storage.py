@@ -80,6 +80,15 @@ def save_torch(obj: Any, path: str | Path) -> Path:
     return atomic_write(path, lambda f: torch.save(obj, f))
 
 
+def save_torch_keeping_previous(obj: Any, path: str | Path, previous: str | Path) -> Path:
+    """save_torch, after moving the file there to `previous`: the last two states are kept, the older one
+    the fallback when the newer cannot be read. A crash between the two steps leaves the previous one."""
+    path = Path(path)
+    if path.exists():
+        path.replace(previous)
+    return save_torch(obj, path)
+
+
 def load_torch(path: str | Path, map_location: Any = "cpu") -> Any:
     import torch
 

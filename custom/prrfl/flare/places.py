@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 import uuid
 from pathlib import Path
 
 from nvflare.private.fed.simulator.simulator_const import SimulatorConstants
+
+from prrfl.storage import set_aside
 
 STATE_SUFFIX = ".state"
 
@@ -33,11 +34,10 @@ def in_simulator(job_id: str | None) -> bool:
 def default_state_dir(workspace_root: Path, participant: str, run_name: str, job_id: str | None) -> Path:
     """workspace_root: this participant's FLARE workspace (`<simulator workspace>/<participant>` in the
     simulator, the startup kit's folder in a deployment)."""
-    workspace_root = Path(workspace_root).resolve()
     if in_simulator(job_id):
-        simulator_root = workspace_root.parent
+        simulator_root = Path(workspace_root).resolve().parent
         return simulator_root.with_name(simulator_root.name + STATE_SUFFIX) / participant / run_name
-    return workspace_root / "prrfl" / run_name
+    return output_dir(workspace_root, run_name)
 
 
 def output_dir(workspace_root: Path, run_name: str) -> Path:
@@ -69,6 +69,4 @@ def set_aside_previous_run(folder: Path) -> Path | None:
         return None
     for older in folder.parent.glob(f"{folder.name}.replaced-*"):
         shutil.rmtree(older, ignore_errors=True)
-    kept = folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-    folder.rename(kept)
-    return kept
+    return set_aside(folder, "replaced")

@@ -15,10 +15,11 @@ import nvflare.client as flare
 import torch
 from nvflare.client.tracking import SummaryWriter
 
+from prrfl.config import RunConfig
 from prrfl.flare import places
 from prrfl.flare import protocol as P
 from prrfl.flare.site_config import SettingsReport, SiteConfig, per_site_name
-from prrfl.registry import build_method, build_task, validate_config
+from prrfl.registry import build_method, build_task
 from prrfl.site.state import SiteRuntime
 from prrfl.site.trainer import estimate_round_seconds, run_round
 
@@ -31,7 +32,7 @@ def seed_for(seed: int, site: str) -> int:
 
 
 def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWriter | None, job_id: str | None = None) -> SiteRuntime:
-    cfg = validate_config(meta[P.CONFIG])
+    cfg = RunConfig.from_dict(meta[P.CONFIG])  # build_task and build_method check the rest
     task = build_task(cfg)
     method = build_method(cfg, task)
     workspace = Path.cwd()  # FLARE runs the site in its workspace

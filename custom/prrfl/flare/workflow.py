@@ -30,7 +30,7 @@ from prrfl.flare.validation import upload_problem
 from prrfl.methods.base import Download
 from prrfl.registry import build_method, build_task, validate_config
 from prrfl.report import participation, results_table
-from prrfl.storage import load_torch, save_json, save_text, save_torch, set_aside
+from prrfl.storage import load_torch, save_json, save_text, save_torch, save_torch_keeping_previous, set_aside
 
 STATE_FILE = "server_state.pt"
 PREVIOUS_STATE_FILE = "server_state.previous.pt"
@@ -244,10 +244,7 @@ class PersonalizedWorkflow(ModelController):
 
     def _save_state(self, state: dict[str, Any], state_dir: Path) -> None:
         """Atomically, keeping the previous round's state as the fallback for an unreadable file."""
-        current = state_dir / STATE_FILE
-        if current.exists():
-            current.replace(state_dir / PREVIOUS_STATE_FILE)
-        save_torch(state, current)
+        save_torch_keeping_previous(state, state_dir / STATE_FILE, state_dir / PREVIOUS_STATE_FILE)
 
     def _new_state(self, cfg: RunConfig, task, sites: list[str]) -> dict[str, Any] | None:
         run_id = uuid.uuid4().hex[:12]

@@ -25,7 +25,7 @@ import torch
 
 from prrfl.config import RunConfig
 from prrfl.methods.base import Method
-from prrfl.storage import load_torch, save_json, save_torch, set_aside
+from prrfl.storage import load_torch, save_json, save_torch_keeping_previous, set_aside
 from prrfl.tasks.base import SiteData, Split, Task
 
 log = logging.getLogger(__name__)
@@ -93,10 +93,7 @@ class SiteRuntime:
 
     # ----- persistence -----------------------------------------------------------------
     def save(self) -> None:
-        current = self.state_dir / CHECKPOINT
-        if current.exists():  # a crash between the two steps leaves the previous one: still consistent
-            current.replace(self.state_dir / PREVIOUS_CHECKPOINT)
-        save_torch(
+        save_torch_keeping_previous(
             {
                 "run_id": self.run_id,
                 "round_idx": self.round_idx,
@@ -109,6 +106,7 @@ class SiteRuntime:
                 "history": self.history,
             },
             self.state_dir / CHECKPOINT,
+            self.state_dir / PREVIOUS_CHECKPOINT,
         )
         results = self.results()
         for folder in {self.state_dir, self.output_dir or self.state_dir}:
