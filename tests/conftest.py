@@ -7,11 +7,13 @@ import time
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from prrfl.data.augment import normalize
-from prrfl.metrics import classification_metrics
-from prrfl.tasks.base import SiteData, Split, Task
+from prrfl.tasks.base import Split
+from prrfl.tasks.classification import ClassificationTask
+from prrfl.tasks.segmentation import SegmentationTask
 
 torch.set_num_threads(1)  # the tests' models are tiny: more threads only contend (50x slower on a busy host)
 
@@ -32,15 +34,13 @@ class TinyNet(nn.Module):
         return self.fc2(emb), emb
 
 
-class TinyTask(Task):
+class TinyTask(ClassificationTask):
     """Three classes told apart by the mean of one colour channel, so learning is possible."""
 
     name = "tiny"
     num_classes = 3
     class_names = ("a", "b", "c")
     site_names = ("A", "B")
-    primary_metric = "f1"
-    classifier_key = "fc2.weight"
 
     def build_model(self):
         return TinyNet(self.num_classes)
@@ -52,23 +52,76 @@ class TinyTask(Task):
             labels = torch.arange(n) % 3
             images = torch.randint(0, 80, (n, 3, 8, 8), generator=g, dtype=torch.uint8)
             images[torch.arange(n), labels] += 120  # class c brightens channel c
-            return Split(images=images.to(device), labels=labels.to(device))
+            return Split(images=images.to(device), targets=labels.to(device))
 
-        return SiteData(cohort=cohort, train=split(30), valid=split(12), test=split(12), num_classes=3)
+        return self.site_data(cohort, train=split(30), valid=split(12), test=split(12))
 
-    def train_inputs(self, images, generator):
-        return normalize(images)
+    def train_transform(self, images, targets, generator):
+        return normalize(images), targets
 
-    def eval_inputs(self, images):
-        return normalize(images)
+    def eval_transform(self, images, targets):
+        return normalize(images), targets
 
-    def metrics(self, probs, labels):
-        return classification_metrics(probs, labels, self.num_classes)
+
+class TinySegNet(nn.Module):
+    """forward -> (logits [B, 2, H, W], feature map [B, 6, H/2, W/2])."""
+
+    classifier_key = "head.weight"
+
+    def __init__(self, num_classes: int = 2):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 6, 3, stride=2, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(6)
+        self.head = nn.Conv2d(6, num_classes, 1, bias=False)
+
+    def forward(self, x):
+        features = torch.relu(self.bn(self.conv(x)))
+        logits = F.interpolate(self.head(features), size=x.shape[-2:], mode="bilinear", align_corners=False)
+        return logits, features
+
+
+class TinySegTask(SegmentationTask):
+    """Bright discs on dark noise, one 'volume' of 3 slices per case: learnable in a few steps."""
+
+    name = "tinyseg"
+    num_classes = 2
+    class_names = ("background", "target")
+    site_names = ("A", "B")
+    image_size = 16
+
+    def build_model(self):
+        return TinySegNet(self.num_classes)
+
+    def load_site(self, cohort, device, data_root=None):
+        g = torch.Generator().manual_seed(0 if cohort == "A" else 1)
+        yy, xx = torch.meshgrid(torch.arange(16.0), torch.arange(16.0), indexing="ij")
+
+        def split(cases: int) -> Split:
+            n = cases * 3
+            centre = 4 + 8 * torch.rand(n, 2, generator=g)
+            radius = 2 + 3 * torch.rand(n, generator=g)
+            masks = ((yy - centre[:, :1, None]) ** 2 + (xx - centre[:, 1:, None]) ** 2 <= radius[:, None, None] ** 2).long()
+            images = (torch.randint(0, 90, (n, 1, 16, 16), generator=g) + 140 * masks[:, None]).to(torch.uint8)
+            groups = torch.arange(cases).repeat_interleave(3)
+            return Split(images=images.to(device), targets=masks.to(device), groups=groups.to(device))
+
+        return self.site_data(cohort, train=split(6), valid=split(2), test=split(3))
+
+    def train_transform(self, images, targets, generator):
+        return normalize(images), targets
+
+    def eval_transform(self, images, targets):
+        return normalize(images), targets
 
 
 @pytest.fixture
 def tiny_task() -> TinyTask:
     return TinyTask({})
+
+
+@pytest.fixture
+def tiny_seg_task() -> TinySegTask:
+    return TinySegTask({})
 
 
 @pytest.fixture(autouse=True)
@@ -85,8 +138,8 @@ def make_runtime(task: TinyTask, tmp_path, site: str = "A", run_id: str = "run",
     cfg = RunConfig.from_dict({"task": "tiny", "num_rounds": 3, "local_epochs": 2, "batch_size": 8, "lr": 0.05, **cfg_overrides})
     method = build_method(cfg, task)
     torch.manual_seed(123)
-    models = {role: task.build_model() for role in method.roles}
-    optimizers = {role: torch.optim.SGD(m.parameters(), lr=cfg.lr) for role, m in models.items()}
+    models = {role: method.build_model() for role in method.roles}
+    optimizers = {role: method.build_optimizer(m) for role, m in models.items()}
     scalars: list[tuple[str, float, int]] = []
     runtime = SiteRuntime(
         name=site,

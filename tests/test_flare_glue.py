@@ -13,11 +13,12 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
+from conftest import TinyTask
 from prrfl.config import RunConfig
 from prrfl.flare import protocol as P
 from prrfl.flare.jobs import JOBS, PRIVACY_FILTERS, export_job, job_config, job_files
 from prrfl.flare.validation import upload_problem
-from prrfl.methods.base import Upload
+from prrfl.messages import Upload
 from prrfl.tasks.derm import DermTask
 
 JOBS_DIR = Path(__file__).resolve().parents[1] / "jobs"
@@ -81,7 +82,7 @@ def _upload(**overrides):
 )
 def test_malformed_uploads_are_rejected_with_a_reason(overrides, reason):
     upload, ref = _upload(**overrides)
-    problem = upload_problem(upload, ref, num_classes=3)
+    problem = upload_problem(upload, ref, TinyTask({}))
     if reason is None:
         assert problem is None
     else:
@@ -112,7 +113,7 @@ def test_a_site_uploads_the_difference_and_the_server_adds_back_what_it_sent():
     assert sent.params_type == ParamsType.DIFF
     assert torch.equal(sent.params["n"], torch.tensor(5))
     back = P.model_to_upload("s", sent)
-    assert upload_problem(back, received, num_classes=3) is None
+    assert upload_problem(back, received, TinyTask({})) is None
     rebuilt = P.add_to_sent(back, received)
     torch.testing.assert_close(rebuilt.params["w"], upload.params["w"])
     assert torch.equal(rebuilt.params["n"], upload.params["n"]) and rebuilt.params["n"].dtype == torch.long
@@ -128,7 +129,7 @@ def test_flare_percentile_privacy_filter_applies_to_the_upload():
     shareable = FLModelUtils.to_shareable(P.upload_to_model(upload, {}, received))
     filtered = FLModelUtils.from_shareable(PRIVACY_FILTERS["percentile"]().process(shareable, FLContext()))
     back = P.model_to_upload("s", filtered)
-    assert upload_problem(back, received, num_classes=3) is None  # still a well-formed upload
+    assert upload_problem(back, received, TinyTask({})) is None  # still a well-formed upload
     diff = back.params["w"]
     assert diff.abs().max() <= 0.01 + 1e-7  # clipped to gamma
     assert 0.08 <= float((diff == 0).float().mean()) <= 0.12  # the smallest 10 % withheld

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from conftest import make_runtime
 from prrfl.algorithms import det, pfa
-from prrfl.config import RunConfig
+from prrfl.config import ConfigError, RunConfig
 from prrfl.flare.validation import upload_problem
 from prrfl.methods.apfl import mix_parameters
-from prrfl.methods.base import Download, Upload
+from prrfl.messages import Download, Upload
 from prrfl.methods.fedproto import average_prototypes, prototype_regulariser
 from prrfl.methods.perfedavg import first_order_meta_step
 from prrfl.methods.pfedme import moreau_step, solve_personalized
@@ -322,21 +322,34 @@ def test_det_phases_are_respected_in_training(tiny_task, tmp_path):
 
 
 # ----- every method through the shared loop ----------------------------------------------------------------
+@pytest.mark.parametrize("task_fixture", ["tiny_task", "tiny_seg_task"])
 @pytest.mark.parametrize("name", method_names())
-def test_every_method_runs_two_rounds_through_the_shared_loop(name, tiny_task, tmp_path):
+def test_every_method_runs_two_rounds_through_the_shared_loop(name, task_fixture, request, tmp_path):
+    tiny_task = request.getfixturevalue(task_fixture)
     sites = [make_runtime(tiny_task, tmp_path, site=s, method=name, local_epochs=1, eval_test_every_epoch=False) for s in ("A", "B")]
+    counts = [sum(s.data.class_counts[c] for s in sites) for c in range(tiny_task.num_classes)]
     reference = {k: v for k, v in tiny_task.build_model().state_dict().items() if k in sites[0].method.shared_keys(tiny_task.build_model())}
-    downloads = {s.name: initial(tiny_task) for s in sites}
+    torch.manual_seed(0)
+    downloads = {s.name: Download(params=tiny_task.build_model().state_dict(), meta={"round": 0, "global_class_counts": counts}) for s in sites}
     server: dict = {}
     for round_idx in range(2):
         uploads = [run_round(s, downloads[s.name], round_idx) for s in sites]
         for s, u in zip(sites, uploads):
             assert list(u.params) == s.method.shared_keys(s.models[s.method.upload_role])
-            assert upload_problem(u, reference, tiny_task.num_classes) is None
+            assert upload_problem(u, reference, tiny_task) is None
         out = sites[0].method.aggregate(uploads, round_idx, server)
         assert sorted(out) == ["A", "B"]
-        downloads = {k: Download(params=d.params, meta={**d.meta, "round": round_idx + 1, "global_class_counts": COUNTS}) for k, d in out.items()}
+        downloads = {k: Download(params=d.params, meta={**d.meta, "round": round_idx + 1, "global_class_counts": counts}) for k, d in out.items()}
     for s in sites:
         losses = [v for tag, v, _ in s.scalars if tag.startswith("loss/")]
         assert losses and all(math.isfinite(v) for v in losses)
         assert s.round_idx == 1 and s.best is not None
+        assert set(s.best["test"]) == set(tiny_task.metric_names)
+
+
+def test_a_method_that_cannot_apply_to_a_task_is_refused_when_the_job_is_built(tiny_seg_task, monkeypatch):
+    from prrfl.methods.fedavg import FedAvg
+
+    monkeypatch.setattr(FedAvg, "unsupported_reason", classmethod(lambda cls, task: "needs class labels per image"))
+    with pytest.raises(ConfigError, match="method 'fedavg' cannot run on task 'tinyseg': needs class labels per image"):
+        build_method(RunConfig(task="tinyseg", method="fedavg"), tiny_seg_task)

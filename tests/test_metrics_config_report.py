@@ -61,7 +61,7 @@ def test_results_table_reports_best_round_test_metrics_and_the_mean():
         "site-1": {"best": {"round": 3, "test": {"f1": 70.0, "auc": 90.0}}},
         "site-2": {"best": {"round": 1, "test": {"f1": 60.0, "auc": 80.0}}},
     }
-    table = results_table(summaries)
+    table = results_table(summaries, ("f1", "auc"))
     assert "| site-1 | 3 | 70.00 | 90.00 |" in table
     assert "| **mean** | | **65.00** | **85.00** |" in table
 

@@ -8,7 +8,7 @@ import torch
 from conftest import make_runtime
 from prrfl.algorithms import cpa, det
 from prrfl.config import RunConfig
-from prrfl.methods.base import Upload
+from prrfl.messages import Upload
 from prrfl.methods.prr import PRR
 
 

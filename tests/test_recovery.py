@@ -163,12 +163,12 @@ def test_the_table_marks_stale_sites_and_missed_rounds():
     assert part["a"] == {"rounds": 3, "aggregated": [0, 1, 2], "missed": [], "stale": False}
     assert part["b"]["missed"] == [1, 2] and part["b"]["stale"]
     summaries = {s: {"best": {"round": 0, "test": {"f1": 50.0, "auc": 70.0}}, "participation": part[s]} for s in part}
-    table = results_table(summaries)
+    table = results_table(summaries, ("f1", "auc"))
     assert "| a | 0 | 3/3 | 50.00 | 70.00 |" in table
     assert "| b (stale) | 0 | 1/3 |" in table and "| c (stale) | 0 | 2/3 |" in table
     assert "* b: missed round(s) [1, 2]; its numbers are those of round 0, its last aggregated upload" in table
     history.append({"round": 3, "sites": ["a", "b", "c"]})
-    assert "| b (missed rounds) | 0 | 2/4 |" in results_table({"b": {**summaries["b"], "participation": participation(history, ["b"])["b"]}})
+    assert "| b (missed rounds) | 0 | 2/4 |" in results_table({"b": {**summaries["b"], "participation": participation(history, ["b"])["b"]}}, ("f1", "auc"))
 
 
 # ----- site settings -------------------------------------------------------------------------

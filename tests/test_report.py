@@ -17,6 +17,8 @@ from prrfl.cli import main
 from prrfl.report import build_report, find_results, long_rows, retrogress_rows, retrogress_summary, table_ii, table_x
 from prrfl.sweep import SweepError, sweep
 
+DERM_METRICS = ("f1", "auc")
+
 COHORTS = {"site-1": "A", "site-2": "B", "site-3": "C", "site-4": "D"}
 # best-round test F1 at seed 0; seed s adds SHIFT[method] * s. AUC = F1 + 10. Site A scores the OOD
 # cohort at 50 (prr) / 40 (fedavg) + SHIFT[method] * s, the other sites at 10.
@@ -102,7 +104,7 @@ def test_discovery_skips_server_summaries_and_counts_overlapping_workspaces_once
 
 def test_two_runs_of_one_method_and_seed_are_refused(workspaces, tmp_path):
     write_run(tmp_path / "again", "prr", 0, run_name="derm_prr_rerun", run_id="other")
-    with pytest.raises(ValueError, match="'prr' has 2 runs with seed 0"):
+    with pytest.raises(ValueError, match="'prr' on task 'derm' has 2 runs with seed 0"):
         find_results([tmp_path])
 
 
@@ -115,7 +117,7 @@ def test_long_rows_are_one_per_method_seed_site_split_metric(workspaces):
 
 def test_table_ii_mean_std_over_seeds_and_paired_p_value(workspaces):
     rows = long_rows(find_results(workspaces))
-    table = table_ii(rows, ["prr", "fedavg"], "prr")
+    table = table_ii(rows, ["prr", "fedavg"], "prr", DERM_METRICS)
     prr, fedavg = cell(table, "prr"), cell(table, "fedavg")
     # columns: method, seeds, A F1, A AUC, B F1, B AUC, C F1, C AUC, D F1, D AUC, Avg F1, Avg AUC, p
     assert prr[1] == "2"
@@ -134,22 +136,22 @@ def test_table_ii_mean_std_over_seeds_and_paired_p_value(workspaces):
 def test_one_seed_gives_bare_values_and_a_paired_t_test(tmp_path):
     for method in ("prr", "fedavg"):
         write_run(tmp_path, method, 0)
-    table = table_ii(long_rows(find_results([tmp_path])), ["prr", "fedavg"], "prr")
+    table = table_ii(long_rows(find_results([tmp_path])), ["prr", "fedavg"], "prr", DERM_METRICS)
     assert cell(table, "prr")[2] == "80.00"
     expected = stats.ttest_rel([FEDAVG_F1[c] for c in "ABCD"], [PRR_F1[c] for c in "ABCD"]).pvalue
     assert cell(table, "fedavg")[12] == f"{expected:.3g} (t, n=4)"
     alone = long_rows(find_results([tmp_path], methods=["fedavg"]))
-    assert cell(table_ii(alone, ["fedavg"], "prr"), "fedavg")[-1] == "–"  # no reference run
+    assert cell(table_ii(alone, ["fedavg"], "prr", DERM_METRICS), "fedavg")[-1] == "–"  # no reference run
 
 
 def test_table_x_is_site_a_model_on_the_ood_cohort(workspaces):
-    table = table_x(long_rows(find_results(workspaces)), ["prr", "fedavg"])
+    table = table_x(long_rows(find_results(workspaces)), ["prr", "fedavg"], "A", DERM_METRICS)
     assert cell(table, "prr") == ["prr", "2", "51.00 ± 1.41", "61.00 ± 1.41"]  # 50, 52 (the other sites' 10 are ignored)
     assert cell(table, "fedavg") == ["fedavg", "2", "39.50 ± 0.71", "49.50 ± 0.71"]  # 40, 39
 
 
 def test_retrogress_is_the_drop_from_the_last_epoch_before_communication_to_the_download(workspaces):
-    drops = retrogress_rows(find_results(workspaces))
+    drops = retrogress_rows(find_results(workspaces), "f1")
     assert len(drops) == 16 * (ROUNDS - 1)
     one = next(d for d in drops if (d["method"], d["seed"], d["site"], d["round"]) == ("fedavg", 1, "site-2", 2))
     assert (one["before"], one["after"], one["drop"]) == (59, 53, 6.0)  # 40 + 5 + 10 + 2*2 = 59; drop 3 + 2 + 1
@@ -251,12 +253,24 @@ def test_sweep_checks_every_job_before_running_any(tmp_path):
 def test_cli_sweep_passes_its_options_and_reports_a_failure_with_status_1(tmp_path, monkeypatch, capsys):
     calls = []
 
-    def failing_sweep(*args):
-        calls.append(args)
+    def failing_sweep(*args, **kwargs):
+        calls.append((args, kwargs))
         raise SweepError("run prr_s0 failed (exit status 1); see prr_s0.log")
 
     monkeypatch.setattr("prrfl.sweep.sweep", failing_sweep)
     argv = ["sweep", "--methods", "prr,fedavg", "--seeds", "0,1", "--workspace", str(tmp_path), "--sites", "2", "--set", "num_rounds=2"]
     assert main(argv) == 1
-    assert calls == [(["prr", "fedavg"], [0, 1], str(tmp_path), 2, ["num_rounds=2"])]
+    assert calls == [((["prr", "fedavg"], [0, 1], str(tmp_path), 2, ["num_rounds=2"]), {"task": "derm"})]
     assert "prr_s0.log" in capsys.readouterr().err
+
+
+def test_a_report_covers_one_task(workspaces, tmp_path):
+    other = tmp_path / "prostate_ws"
+    write_run(other, "prr", 0, run_name="prostate_prr_s0", run_id="p0")
+    for path in other.glob("*/prrfl/*/results.json"):
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, "task": "prostate"}))
+    with pytest.raises(ValueError, match=r"results of the tasks \['derm', 'prostate'\]: report one of them"):
+        build_report([*workspaces, other], tmp_path / "out")
+    report = build_report([*workspaces, other], tmp_path / "out", task="derm").read_text()
+    assert "## Table II: per-site test F1 and AUC" in report and "## Table X" in report

@@ -17,7 +17,7 @@ import torch
 
 from conftest import make_runtime
 from prrfl.flare import protocol as P
-from prrfl.methods.base import Download
+from prrfl.messages import Download
 from prrfl.site.trainer import run_round
 
 ALLOWED_META = {"num_train", "class_counts", "method", "summary"}
@@ -60,7 +60,7 @@ def test_a_site_sends_only_weights_counts_and_prototypes(tiny_task, tmp_path, me
     if "prototypes" in sent.meta["method"]:
         assert np.asarray(sent.meta["method"]["prototypes"]).shape[0] == tiny_task.num_classes
     # nothing of per-sample size: no images, labels, logits or embeddings of single images
-    sizes = {site.data.num_train, len(site.data.valid.labels), len(site.data.test.labels)}
+    sizes = {site.data.num_train, len(site.data.valid), len(site.data.test)}
     assert not sizes & set(numbers_in(sent.meta)), "a per-sample array is in the upload"
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from conftest import as_numpy, make_runtime, untimed
-from prrfl.methods.base import Download
+from prrfl.messages import Download
 from prrfl.site.trainer import run_round
 
 COUNTS = [20, 20, 20]

@@ -119,7 +119,7 @@ def test_min_sites_refuses_other_values(value):
 def test_task_and_method_names_come_from_the_registry():
     assert refused({"method": "fedavgg"}).endswith("got 'fedavgg' (did you mean 'fedavg'?)")
     assert refused({"method": "fedavgg"}).startswith("config field 'method' must be one of ['apfl', 'fedavg',")
-    assert refused({"task": "skin"}) == "config field 'task' must be one of ['derm'], got 'skin'"
+    assert refused({"task": "skin"}) == "config field 'task' must be one of ['derm', 'prostate'], got 'skin'"
 
 
 def test_a_boolean_option_typo_is_refused_with_its_path():

@@ -89,19 +89,22 @@ def _data_build(args: argparse.Namespace) -> int:
 
 def _results(args: argparse.Namespace) -> int:
     """Per-site table from a workspace: the server's results.json, else the sites' own files."""
-    from prrfl.report import results_table
+    from prrfl.registry import task_class
+    from prrfl.report import LEGACY_TASK, results_table
 
     for ws in args.workspaces:
         ws = Path(ws)
         server = sorted(ws.glob("server/**/results.json"))
         if server:
-            summaries = load_json(server[-1])["sites"]
+            run = load_json(server[-1])
+            summaries, task = run["sites"], run["config"].get("task", LEGACY_TASK)
         else:
             site_files = sorted(ws.glob("*/prrfl/*/results.json"))
             if not site_files:
                 raise FileNotFoundError(f"{ws}: no results.json found")
             summaries = {r["site"]: r for r in map(load_json, site_files)}
-        print(f"## {ws}\n\n{results_table(summaries)}\n")
+            task = next(iter(summaries.values())).get("task", LEGACY_TASK)
+        print(f"## {ws}\n\n{results_table(summaries, task_class(task).metric_names[:2])}\n")
     return 0
 
 
@@ -121,14 +124,14 @@ def _integers(text: str) -> list[int]:
 def _report(args: argparse.Namespace) -> int:
     from prrfl.report import build_report
 
-    print(build_report(args.workspaces, args.out, _names(args.methods), args.reference, _names(args.curves)))
+    print(build_report(args.workspaces, args.out, _names(args.methods), args.reference, _names(args.curves), args.task))
     return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
     from prrfl.sweep import sweep
 
-    sweep(_names(args.methods), args.seeds, args.workspace, args.sites, args.set)
+    sweep(_names(args.methods), args.seeds, args.workspace, args.sites, args.set, task=args.task)
     return 0
 
 
@@ -166,18 +169,20 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--workers", type=int, default=1)
     build.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     build.set_defaults(func=_data_build)
-    results = sub.add_parser("results", parents=[common], help="per-site F1/AUC table of finished runs")
+    results = sub.add_parser("results", parents=[common], help="per-site table (the task's two main test metrics) of finished runs")
     results.add_argument("workspaces", nargs="+")
     results.set_defaults(func=_results)
-    report = sub.add_parser("report", parents=[common], help="Table II / Table X, retrogress and per-epoch curves of finished runs")
+    report = sub.add_parser("report", parents=[common], help="per-site tables (Table II / III, Table X), retrogress and per-epoch curves of finished runs")
     report.add_argument("workspaces", nargs="+", help="folders searched for <site>/prrfl/<run>/results.json")
     report.add_argument("--out", default="report", help="folder for report.md, the CSV files and the PNGs")
     report.add_argument("--methods", help="comma-separated methods to report, in this order (default: all found)")
     report.add_argument("--reference", default="prr", help="method the paired tests compare against")
     report.add_argument("--curves", help="comma-separated methods to plot per-epoch curves of (default: all reported)")
+    report.add_argument("--task", help="the task to report when the workspaces hold runs of several")
     report.set_defaults(func=_report)
     sweep = sub.add_parser("sweep", parents=[common], help="run methods x seeds in the simulator one after another, then the report")
-    sweep.add_argument("--methods", required=True, help="comma-separated methods; each runs its job derm_<method>")
+    sweep.add_argument("--methods", required=True, help="comma-separated methods; each runs its job <task>_<method>")
+    sweep.add_argument("--task", default="derm", help="the task of every run (default: derm)")
     sweep.add_argument("--seeds", type=_integers, default="0", help="comma-separated seeds")
     sweep.add_argument("--workspace", required=True, help="folder for the jobs, simulator workspaces, logs and report")
     sweep.add_argument("--sites", type=int, default=4)

@@ -154,10 +154,11 @@ class RunConfig:
     num_rounds: int = 5
     local_epochs: int = 2
     batch_size: int = 16
+    optimizer: Literal["sgd", "adam"] = "sgd"  # the paper: SGD for dermoscopy, Adam for prostate MRI
     lr: float = 1e-2
     lr_step_epochs: int = 25  # the paper halves the learning rate every 25 epochs
     lr_gamma: float = 0.5
-    momentum: float = 0.0
+    momentum: float = 0.0  # SGD only
     weight_decay: float = 1e-6
     seed: int = 0
     # sites that must answer each round: a number, "all", or "majority" (a strict majority of the

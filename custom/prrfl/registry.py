@@ -11,8 +11,9 @@ from prrfl.tasks.base import Task
 
 def _tasks() -> dict[str, type[Task]]:
     from prrfl.tasks.derm import DermTask
+    from prrfl.tasks.prostate import ProstateTask
 
-    return {"derm": DermTask}
+    return {cls.name: cls for cls in (DermTask, ProstateTask)}
 
 
 def _methods() -> dict[str, type[Method]]:
@@ -30,6 +31,17 @@ def _methods() -> dict[str, type[Method]]:
     return {cls.name: cls for cls in classes}
 
 
+def task_class(name: str) -> type[Task]:
+    """The task class called `name` (a ConfigError naming the config field 'task' otherwise)."""
+    tasks = _tasks()
+    check_name(name, tasks, "task")
+    return tasks[name]
+
+
+def task_names() -> list[str]:
+    return sorted(_tasks())
+
+
 def build_task(cfg: RunConfig) -> Task:
     """The task named by the config, given its data options (the task checks them)."""
     tasks = _tasks()
@@ -45,9 +57,13 @@ def method_class(name: str) -> type[Method]:
 
 
 def build_method(cfg: RunConfig, task: Task) -> Method:
-    """The method named by the config; its method_args are checked against the constructor's
-    signature first (`Method.option_parameters`), then the constructor applies its own rules."""
+    """The method named by the config; it must apply to the task (`Method.unsupported_reason`), its
+    method_args are checked against the constructor's signature (`Method.option_parameters`), then
+    the constructor applies its own rules."""
     cls = method_class(cfg.method)
+    reason = cls.unsupported_reason(task)
+    if reason:
+        raise ConfigError(f"config field 'method': method '{cfg.method}' cannot run on task '{task.name}': {reason}")
     annotations = {name: p.annotation for name, p in cls.option_parameters().items()}
     check_options(cfg.method_args, annotations, owner=f"method '{cfg.method}'", path="method_args")
     return cls(cfg, task, **cfg.method_args)

@@ -5,11 +5,15 @@ any number of workspaces, flattens them into one tidy table (results_long.csv: o
 seed, site, split and metric) and builds every table from that table and every figure from the
 per-epoch histories, so a comparison can be rebuilt from the files alone, long after the runs:
 
-* Table II of the TMI paper: per-site test F1 / AUC at the best validation round and their average,
-  mean ± std over seeds, with a paired test of each method's per-(site, seed) F1 against a reference;
-* Table X: the out-of-distribution cohort scored by site A's best model;
-* retrogress: the test F1 a site loses right after a communication round (Fig. 1 curves and a bar
-  chart), the failure PRR is designed to remove.
+* the per-site table of the TMI paper (Table II for dermoscopy: F1 / AUC; Table III for prostate
+  MRI: Dice / IoU): each site's test metrics at its best validation round and their average, mean ±
+  std over seeds, with a paired test of each method's per-(site, seed) primary metric against a reference;
+* Table X: the out-of-distribution cohort scored by one site's best model (tasks that have one);
+* retrogress: the test metric a site loses right after a communication round (Fig. 1 curves and a
+  bar chart), the failure PRR is designed to remove.
+
+A report covers one task: metric names, the table's name and the out-of-distribution cohort come
+from the task (`registry.task_class`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from prrfl.registry import task_class
 from prrfl.storage import load_json, save_text
 
 log = logging.getLogger(__name__)
@@ -33,7 +38,7 @@ RESULTS_GLOB = "**/prrfl/*/results.json"
 LONG_FIELDS = ("method", "seed", "run_id", "site", "cohort", "split", "metric", "value")
 RETROGRESS_FIELDS = ("method", "seed", "run_id", "site", "cohort", "round", "before", "after", "drop")
 WILCOXON_MIN_PAIRS = 6  # below this the signed-rank test cannot reach p < 0.05: use a paired t-test
-OOD_SITE_COHORT = "A"  # Table X: the out-of-distribution cohort is scored by site A's model
+LEGACY_TASK = "derm"  # results files written before they named their task hold dermoscopy runs
 MISSING = "–"
 
 
@@ -54,7 +59,7 @@ def participation(history: list[dict[str, Any]], sites: list[str]) -> dict[str, 
     return out
 
 
-def results_table(summaries: dict[str, dict[str, Any]], metrics: tuple[str, ...] = ("f1", "auc")) -> str:
+def results_table(summaries: dict[str, dict[str, Any]], metrics: Sequence[str]) -> str:
     """Markdown table: one row per site (test metrics at its best validation round) and the mean. With
     the server's `participation` in the summaries, a column of rounds taken part in, and a mark plus a
     note for every site whose numbers are stale or that missed rounds."""
@@ -102,6 +107,7 @@ class SiteResult:
     """One site's results file of one run."""
 
     path: Path
+    task: str
     method: str
     seed: int
     run_id: str
@@ -120,7 +126,7 @@ class SiteResult:
         if "site" not in data:
             return None
         keys = ("method", "seed", "run_id", "site", "cohort", "rounds_completed", "best", "last", "ood", "history")
-        return cls(path=path, **{k: data.get(k) for k in keys})
+        return cls(path=path, task=data.get("task", LEGACY_TASK), **{k: data.get(k) for k in keys})
 
     def identity(self) -> dict[str, Any]:
         """The columns that name this site's run in every tidy table."""
@@ -133,8 +139,10 @@ class SiteResult:
         return {split: metrics for split, metrics in found.items() if metrics}
 
 
-def find_results(workspaces: Iterable[str | Path], methods: Sequence[str] | None = None) -> list[SiteResult]:
-    """Every site results file under the workspaces (of the given methods only, if any).
+def find_results(
+    workspaces: Iterable[str | Path], methods: Sequence[str] | None = None, task: str | None = None
+) -> list[SiteResult]:
+    """Every site results file under the workspaces (of the given methods and task only, if any).
 
     A file reached through two overlapping workspaces counts once. Two runs of one method with the
     same seed are refused: the paired test matches runs by seed, and silently picking one would hide
@@ -144,16 +152,18 @@ def find_results(workspaces: Iterable[str | Path], methods: Sequence[str] | None
     for ws in workspaces:
         for path in sorted(Path(ws).glob(RESULTS_GLOB)):
             result = SiteResult.load(path)
-            if result is not None and (not methods or result.method in methods):
+            if result is not None and (not methods or result.method in methods) and (not task or result.task == task):
                 found.setdefault((result.method, result.run_id, result.site), result)
-    results = sorted(found.values(), key=lambda r: (r.method, r.seed, r.cohort, r.site))
-    runs: dict[tuple[str, int], dict[str, Path]] = defaultdict(dict)
+    results = sorted(found.values(), key=lambda r: (r.task, r.method, r.seed, r.cohort, r.site))
+    runs: dict[tuple[str, str, int], dict[str, Path]] = defaultdict(dict)
     for r in results:
-        runs[(r.method, r.seed)].setdefault(r.run_id, r.path.parent)
-    for (method, seed), by_id in runs.items():
+        runs[(r.task, r.method, r.seed)].setdefault(r.run_id, r.path.parent)
+    for (task_name, method, seed), by_id in runs.items():
         if len(by_id) > 1:
             listing = ", ".join(f"{run_id} ({folder})" for run_id, folder in sorted(by_id.items()))
-            raise ValueError(f"method '{method}' has {len(by_id)} runs with seed {seed}: {listing}; report one of them")
+            raise ValueError(
+                f"method '{method}' on task '{task_name}' has {len(by_id)} runs with seed {seed}: {listing}; report one of them"
+            )
     return results
 
 
@@ -179,7 +189,7 @@ def long_rows(results: Sequence[SiteResult]) -> list[dict[str, Any]]:
     return rows
 
 
-def retrogress_rows(results: Sequence[SiteResult], metric: str = "f1") -> list[dict[str, Any]]:
+def retrogress_rows(results: Sequence[SiteResult], metric: str) -> list[dict[str, Any]]:
     """One row per site and communication round r >= 1: the test metric of the last local epoch of
     round r-1 (just before communication), right after the download of round r, and the drop."""
     rows = []
@@ -278,7 +288,7 @@ def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def table_ii(rows: Sequence[dict[str, Any]], methods: Sequence[str], reference: str, metrics: Sequence[str] = ("f1", "auc")) -> str:
+def table_ii(rows: Sequence[dict[str, Any]], methods: Sequence[str], reference: str, metrics: Sequence[str]) -> str:
     """Rows = methods; columns = each cohort's metrics at the best validation round, their average
     over the sites, and the paired test of the first metric against the reference."""
     values = {m: values_by_method(rows, "best_test", m) for m in metrics}
@@ -306,7 +316,7 @@ def table_ii(rows: Sequence[dict[str, Any]], methods: Sequence[str], reference: 
     return _markdown(header, body) + "\n\n" + note
 
 
-def table_x(rows: Sequence[dict[str, Any]], methods: Sequence[str], cohort: str = OOD_SITE_COHORT, metrics: Sequence[str] = ("f1", "auc")) -> str:
+def table_x(rows: Sequence[dict[str, Any]], methods: Sequence[str], cohort: str, metrics: Sequence[str]) -> str:
     """The out-of-distribution cohort, scored by the best model of the site of `cohort`."""
     ood = [row for row in rows if row["split"] == "ood" and row["cohort"] == cohort]
     if not ood:
@@ -331,7 +341,7 @@ def retrogress_summary(drops: Sequence[dict[str, Any]], methods: Sequence[str]) 
     return summary
 
 
-def retrogress_table(summary: dict[str, tuple[float, float, int]], metric: str = "f1") -> str:
+def retrogress_table(summary: dict[str, tuple[float, float, int]], metric: str) -> str:
     if not summary:
         return "No per-epoch test records (eval_test_every_epoch) in these results: no retrogress measure."
     body = [[m, f"{mean:.2f}", f"{std:.2f}", str(n)] for m, (mean, std, n) in summary.items()]
@@ -359,7 +369,7 @@ def runs_table(results: Sequence[SiteResult], methods: Sequence[str]) -> str:
 Curve = tuple[np.ndarray, np.ndarray, np.ndarray]  # x (epochs done), mean and sample std over seeds
 
 
-def site_curves(results: Sequence[SiteResult], metric: str = "f1") -> dict[str, Curve]:
+def site_curves(results: Sequence[SiteResult], metric: str) -> dict[str, Curve]:
     """cohort -> the site's per-epoch test curve (mean and std over seeds). The 'epoch' record of
     round r-1 and the 'download' record of round r share an x: sorted by round, the curve falls
     straight down by the retrogress at each communication."""
@@ -396,7 +406,7 @@ def site_colours(cohorts: Iterable[str]) -> dict[str, Any]:
     return {c: palette[i % len(palette)] for i, c in enumerate(sorted(cohorts))}
 
 
-def plot_curves(method: str, results: Sequence[SiteResult], colours: dict[str, Any], path: Path, metric: str = "f1") -> Path:
+def plot_curves(method: str, results: Sequence[SiteResult], colours: dict[str, Any], path: Path, metric: str) -> Path:
     """Fig. 1 of the paper for one method: test metric of each site over the local epochs, the
     communication rounds marked; with several seeds the mean and a ±1 std band."""
     plt = _pyplot()
@@ -420,7 +430,46 @@ def plot_curves(method: str, results: Sequence[SiteResult], colours: dict[str, A
     return _save(fig, path)
 
 
-def plot_retrogress(summary: dict[str, tuple[float, float, int]], path: Path, reference: str, metric: str = "f1") -> Path:
+EXAMPLES_FILE = "examples.npz"  # written by a segmentation site beside its results.json
+
+
+def plot_overlays(results: Sequence[SiteResult], methods: Sequence[str], path: Path) -> Path | None:
+    """Fig. 4 of the TMI paper: one test slice per site (columns) for each method (rows), the true
+    contour in green and the method's predicted contour in red, from each run's examples file (the
+    lowest seed of each method; the first example of each site, i.e. the largest prostate section of its
+    first test volume). None when no run wrote examples."""
+    chosen: dict[tuple[str, str], Any] = {}
+    for r in sorted(results, key=lambda r: r.seed):
+        file = r.path.parent / EXAMPLES_FILE
+        if (r.method, r.cohort) not in chosen and file.is_file():
+            with np.load(file) as z:
+                chosen[(r.method, r.cohort)] = {k: z[k][0] for k in ("image", "truth", "prediction")}
+    rows = [m for m in methods if any(k[0] == m for k in chosen)]
+    cohorts = sorted({k[1] for k in chosen})
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(rows), len(cohorts), figsize=(2.2 * len(cohorts), 2.3 * len(rows)), squeeze=False)
+    for i, method in enumerate(rows):
+        for j, cohort in enumerate(cohorts):
+            ax = axes[i][j]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            example = chosen.get((method, cohort))
+            if example is not None:
+                ax.imshow(example["image"], cmap="gray", vmin=0, vmax=255)
+                for mask, colour in ((example["truth"], "lime"), (example["prediction"], "red")):
+                    if mask.any():
+                        ax.contour(mask, levels=[0.5], colors=colour, linewidths=1.0)
+            if i == 0:
+                ax.set_title(cohort, fontsize=10)
+            if j == 0:
+                ax.set_ylabel(method, fontsize=10)
+    fig.suptitle("Test slices: ground truth (green) and prediction (red)", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_retrogress(summary: dict[str, tuple[float, float, int]], path: Path, reference: str, metric: str) -> Path:
     """Bar per method: mean drop of the test metric right after a communication round, ±1 std."""
     plt = _pyplot()
     methods = list(summary)
@@ -457,38 +506,57 @@ def build_report(
     methods: Sequence[str] | None = None,
     reference: str = "prr",
     curves: Sequence[str] | None = None,
+    task: str | None = None,
 ) -> Path:
     """Write results_long.csv, retrogress.csv, report.md, curves_<method>.png (for `curves`, default
-    every method with per-epoch records) and retrogress.png into `out`; returns report.md's path."""
+    every method with per-epoch records) and retrogress.png into `out`; returns report.md's path.
+    The results must be of one task (`task` picks one when the workspaces hold several)."""
     out = Path(out)
-    results = find_results(workspaces, methods)
+    results = find_results(workspaces, methods, task)
     if not results:
-        raise FileNotFoundError(f"no site results ({RESULTS_GLOB}) under {', '.join(map(str, workspaces))}")
+        what = f" of task '{task}'" if task else ""
+        raise FileNotFoundError(f"no site results{what} ({RESULTS_GLOB}) under {', '.join(map(str, workspaces))}")
+    tasks = sorted({r.task for r in results})
+    if len(tasks) > 1:
+        raise ValueError(f"the workspaces hold results of the tasks {tasks}: report one of them (--task)")
+    facts = task_class(tasks[0])
+    metrics = facts.metric_names[:2]
+    primary = metrics[0]
     order = method_order(results, methods, reference)
     rows = long_rows(results)
-    drops = retrogress_rows(results)
+    drops = retrogress_rows(results, primary)
     write_csv(rows, LONG_FIELDS, out / "results_long.csv")
     write_csv(drops, RETROGRESS_FIELDS, out / "retrogress.csv")
     summary = retrogress_summary(drops, order)
-    figures = _figures(results, curves or order, summary, out, reference)
+    figures = _figures(results, curves or order, summary, out, reference, primary)
+    overlays = plot_overlays(results, order, out / "overlays.png")  # segmentation runs write examples
+    figures += [overlays] if overlays else []
+    names = " and ".join(m.upper() for m in metrics)
     sections = [
-        "# Results\n",
+        f"# Results: {facts.name}\n",
         f"## Runs\n\n{runs_table(results, order)}\n",
-        f"## Table II: per-site test F1 and AUC\n\n{table_ii(rows, order, reference)}\n",
-        f"## Table X: out-of-distribution cohort, site {OOD_SITE_COHORT}'s model\n\n{table_x(rows, order)}\n",
-        f"## Retrogress after communication\n\n{retrogress_table(summary)}\n",
+        f"## {facts.paper_table}: per-site test {names}\n\n{table_ii(rows, order, reference, metrics)}\n",
+    ]
+    if facts.ood_cohort and facts.ood_scored_by:
+        table = table_x(rows, order, facts.ood_scored_by, metrics)
+        sections.append(f"## Table X: out-of-distribution cohort, site {facts.ood_scored_by}'s model\n\n{table}\n")
+    sections += [
+        f"## Retrogress after communication\n\n{retrogress_table(summary, primary)}\n",
         "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n",
     ]
     return save_text("\n".join(sections), out / "report.md")
 
 
-def _figures(results: Sequence[SiteResult], curves: Sequence[str], summary: dict[str, tuple[float, float, int]], out: Path, reference: str) -> list[Path]:
+def _figures(
+    results: Sequence[SiteResult], curves: Sequence[str], summary: dict[str, tuple[float, float, int]], out: Path, reference: str, metric: str
+) -> list[Path]:
     colours = site_colours({r.cohort for r in results})
     figures = []
     for method in curves:
         own = [r for r in results if r.method == method]
         if any(h["kind"] == "epoch" for r in own for h in r.history):
-            figures.append(plot_curves(method, own, colours, out / f"curves_{method}.png"))
+            figures.append(plot_curves(method, own, colours, out / f"curves_{method}.png", metric))
     if summary:
-        figures.append(plot_retrogress(summary, out / "retrogress.png", reference))
+        figures.append(plot_retrogress(summary, out / "retrogress.png", reference, metric))
+
     return figures

@@ -1,11 +1,11 @@
 """`prrfl sweep`: several methods x seeds, one after another in the FLARE simulator, then the report.
 
 Thin orchestration, so a comparison is one command and nothing in it is special to sweeps: each run
-is an exported job folder (derm_<method> with the seed and the --set overrides applied) run by one
+is an exported job folder (<task>_<method> with the seed and the --set overrides applied) run by one
 `nvflare simulator` process, and the report is rebuilt from the runs' results files by
 prrfl.report, exactly as `prrfl report` does for hand-made runs. Layout under the sweep folder:
 
-    jobs/<method>_s<seed>/derm_<method>/   the job that ran (its config is the record of the run)
+    jobs/<method>_s<seed>/<task>_<method>/ the job that ran (its config is the record of the run)
     <method>_s<seed>/                      the simulator workspace
     <method>_s<seed>.log                   the simulator's output
     report/                                report.md, results_long.csv, retrogress.csv, PNGs
@@ -61,24 +61,31 @@ class SweepRun:
         return f"{self.method}_s{self.seed}"
 
 
-def run_config(method: str, seed: int, overrides: Sequence[str] = ()) -> RunConfig:
+def job_name(task: str, method: str) -> str:
+    """The committed job of a (task, method) pair."""
+    return f"{task}_{method}"
+
+
+def run_config(method: str, seed: int, overrides: Sequence[str] = (), task: str = "derm") -> RunConfig:
     """The job's configuration with the overrides, this seed, and a run name suffixed by the seed;
     checked whole (a ConfigError naming the job and the field)."""
-    job = f"derm_{method}"
+    job = job_name(task, method)
     values = apply_overrides(job_config(job).to_dict(), list(overrides))
     values["seed"] = seed
     values["run_name"] = f"{values['run_name']}_s{seed}"
     return validated(job, values)
 
 
-def prepare(methods: Sequence[str], seeds: Sequence[int], root: Path, overrides: Sequence[str] = ()) -> list[SweepRun]:
+def prepare(
+    methods: Sequence[str], seeds: Sequence[int], root: Path, overrides: Sequence[str] = (), task: str = "derm"
+) -> list[SweepRun]:
     """Export every run's job folder; nothing runs yet. Every config is checked before the first
     folder is written, so a bad override leaves nothing behind."""
-    configs = [(method, seed, run_config(method, seed, overrides)) for method in methods for seed in seeds]
+    configs = [(method, seed, run_config(method, seed, overrides, task)) for method in methods for seed in seeds]
     runs = []
     for method, seed, cfg in configs:
         name = f"{method}_s{seed}"
-        job = export_job(f"derm_{method}", root / "jobs" / name, cfg=cfg)
+        job = export_job(job_name(task, method), root / "jobs" / name, cfg=cfg)
         runs.append(SweepRun(method, seed, cfg, job, root / name, root / f"{name}.log"))
     return runs
 
@@ -110,11 +117,12 @@ def sweep(
     sites: int = 4,
     overrides: Sequence[str] = (),
     runner: Runner = run_logged,
+    task: str = "derm",
 ) -> Path:
-    """Run every (method, seed) in the simulator one after another, then the report; returns the
-    report's report.md. Raises SweepError naming the log file of the first run that fails."""
+    """Run every (method, seed) of one task in the simulator one after another, then the report;
+    returns the report's report.md. Raises SweepError naming the log file of the first run that fails."""
     root = Path(root).resolve()
-    runs = prepare(methods, seeds, root, overrides)
+    runs = prepare(methods, seeds, root, overrides, task)
     started = time.perf_counter()
     for i, run in enumerate(runs, 1):
         print(f"[{i}/{len(runs)}] {run.name}: simulator on {sites} sites, log {run.log}", flush=True)
@@ -126,6 +134,6 @@ def sweep(
         if done < sites:
             raise SweepError(f"run {run.name}: only {done} of {sites} sites finished all {run.cfg.num_rounds} rounds; see {run.log}")
         print(f"[{i}/{len(runs)}] {run.name}: done in {time.perf_counter() - tick:.0f} s", flush=True)
-    report = build_report([run.workspace for run in runs], root / "report", methods=list(methods))
+    report = build_report([run.workspace for run in runs], root / "report", methods=list(methods), task=task)
     print(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; report: {report}", flush=True)
     return report

@@ -1,13 +1,16 @@
 """Batch augmentation on uint8 image tensors, on whatever device they live (no per-epoch decoding).
 
-Each sample draws its own parameters, vectorised over the batch: vertical/horizontal flips,
-brightness, blur or noise, and a shift-scale-rotate affine (the authors' pipeline, docs/authors_code.md
-§4.2), then normalisation to [-1, 1]. torchvision's functional ops do the pixel work.
+Each sample draws its own parameters, vectorised over the batch. Dermoscopy (`DermAugment`):
+vertical/horizontal flips, brightness, blur or noise, and a shift-scale-rotate affine (the authors'
+pipeline, docs/authors_code.md §4.2), then normalisation to [-1, 1]. MRI slices (`SliceAugment`):
+the same geometry applied jointly to the slice and its mask, and grey-level changes of the slice.
+torchvision's functional ops and torch's grid sampling do the pixel work.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,8 +18,11 @@ import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
 
+Draw = Callable[..., torch.Tensor]  # draw(*shape): uniform [0, 1) numbers from the augmentation's generator
+
+
 def normalize(images: torch.Tensor) -> torch.Tensor:
-    """uint8 [B,3,H,W] -> float in [-1, 1] (mean 0.5, std 0.5 per channel)."""
+    """uint8 [B,C,H,W] -> float in [-1, 1] (mean 0.5, std 0.5 per channel)."""
     return images.float().div_(127.5).sub_(1.0)
 
 
@@ -60,17 +66,65 @@ class DermAugment:
         x = self._affine(x, draw)
         return x.clamp_(0.0, 1.0).sub_(0.5).div_(0.5)
 
-    def _affine(self, x: torch.Tensor, draw) -> torch.Tensor:
-        b = x.shape[0]
-        angle = (2 * draw(b) - 1) * math.radians(self.rotate_deg)
-        scale = 1.0 + (2 * draw(b) - 1) * self.scale
-        tx, ty = ((2 * draw(b) - 1) * self.shift * 2 for _ in range(2))  # grid units span [-1, 1]
-        active = draw(b) < self.affine_p
-        angle = torch.where(active, angle, torch.zeros_like(angle))
-        scale = torch.where(active, scale, torch.ones_like(scale))
-        tx = torch.where(active, tx, torch.zeros_like(tx))
-        ty = torch.where(active, ty, torch.zeros_like(ty))
-        cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
-        theta = torch.stack([torch.stack([cos, -sin, tx], 1), torch.stack([sin, cos, ty], 1)], 1)
-        grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    def _affine(self, x: torch.Tensor, draw: Draw) -> torch.Tensor:
+        grid = random_affine_grid(x.shape, draw, self.rotate_deg, self.scale, self.shift, self.affine_p)
         return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def random_affine_grid(
+    shape: torch.Size, draw: Draw, rotate_deg: float, scale: float, shift: float, p: float
+) -> torch.Tensor:
+    """A sampling grid of one shift-scale-rotate per sample (applied with probability p), for
+    `F.grid_sample`: rotation in [-rotate_deg, rotate_deg], zoom 1 +- scale, shift +- shift of the side."""
+    b = shape[0]
+    angle = (2 * draw(b) - 1) * math.radians(rotate_deg)
+    zoom = 1.0 + (2 * draw(b) - 1) * scale
+    tx, ty = ((2 * draw(b) - 1) * shift * 2 for _ in range(2))  # grid units span [-1, 1]
+    active = draw(b) < p
+    angle = torch.where(active, angle, torch.zeros_like(angle))
+    zoom = torch.where(active, zoom, torch.ones_like(zoom))
+    tx = torch.where(active, tx, torch.zeros_like(tx))
+    ty = torch.where(active, ty, torch.zeros_like(ty))
+    cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
+    theta = torch.stack([torch.stack([cos, -sin, tx], 1), torch.stack([sin, cos, ty], 1)], 1)
+    return F.affine_grid(theta, list(shape), align_corners=False)
+
+
+@dataclass(frozen=True)
+class SliceAugment:
+    """Joint augmentation of grey-level MRI slices and their masks, vectorised over the batch:
+    flips, a shift-scale-rotate (bilinear for the image, nearest for the mask, from one grid), and
+    for the image alone a gamma and contrast change and Gaussian noise. The mask's classes are
+    kept exactly (no interpolated labels)."""
+
+    flip_p: float = 0.5
+    rotate_deg: float = 20.0
+    shift: float = 0.05
+    scale: float = 0.1
+    affine_p: float = 0.8
+    gamma: float = 0.3  # gamma drawn in [1 - gamma, 1 + gamma]
+    contrast: float = 0.15
+    noise_std: float = 0.03
+
+    def __call__(self, images: torch.Tensor, masks: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 images [B,1,H,W] (0..255) and int masks [B,H,W] -> float images in about [-1, 1]
+        and int64 masks. `generator` lives on the CPU."""
+        b, dev = images.shape[0], images.device
+
+        def draw(*shape: int) -> torch.Tensor:
+            return torch.rand(*shape, generator=generator).to(dev)
+
+        x = images.float().div_(255.0)
+        y = masks[:, None].float()
+        for dim, flip in ((-1, draw(b) < self.flip_p), (-2, draw(b) < self.flip_p)):
+            x = torch.where(flip[:, None, None, None], x.flip(dim), x)
+            y = torch.where(flip[:, None, None, None], y.flip(dim), y)
+        gamma = 1.0 + self.gamma * (2 * draw(b) - 1)
+        x = x.clamp_(min=0.0).pow(gamma[:, None, None, None])
+        mean = x.mean(dim=(1, 2, 3), keepdim=True)
+        x = (x - mean) * (1.0 + self.contrast * (2 * draw(b) - 1))[:, None, None, None] + mean
+        x = x + torch.randn(x.shape, generator=generator).to(dev) * self.noise_std * draw(b)[:, None, None, None]
+        grid = random_affine_grid(x.shape, draw, self.rotate_deg, self.scale, self.shift, self.affine_p)
+        x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        y = F.grid_sample(y, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+        return x.clamp_(0.0, 1.0).sub_(0.5).div_(0.5), y[:, 0].long()

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from prrfl.methods.base import Download, Upload
+from prrfl.messages import Download, Upload
 
 TASK_PREPARE = "prepare"  # sites load (or generate) their data and report class counts
 TASK_TRAIN = "train"

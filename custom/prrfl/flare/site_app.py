@@ -49,13 +49,10 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
     data = task.load_site(cohort, device, local.data_root)
     if data.num_train < 1:
         source = local.data_root or "the embedded synthetic federation"
-        raise ValueError(f"site {site}: cohort {cohort} has no training images in {source}")
+        raise ValueError(f"site {site}: cohort {cohort} has no training {task.sample_noun} in {source}")
     torch.manual_seed(seed_for(cfg.seed, site))
-    models = {role: task.build_model().to(device) for role in method.roles}
-    optimizers = {
-        role: torch.optim.SGD(m.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-        for role, m in models.items()
-    }
+    models = {role: method.build_model().to(device) for role in method.roles}
+    optimizers = {role: method.build_optimizer(m) for role, m in models.items()}
     runtime = SiteRuntime(
         name=site,
         cfg=cfg,

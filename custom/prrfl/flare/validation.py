@@ -7,14 +7,17 @@ rejected for the round with a reason; the others are aggregated as usual.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prrfl.methods.base import Upload
+from prrfl.messages import Upload
+
+if TYPE_CHECKING:
+    from prrfl.tasks.base import Task
 
 
-def upload_problem(upload: Upload, reference: dict[str, torch.Tensor], num_classes: int) -> str | None:
+def upload_problem(upload: Upload, reference: dict[str, torch.Tensor], task: "Task") -> str | None:
     """None when the upload is usable, else a one-line reason."""
     keys, expected = set(upload.params), set(reference)
     if keys != expected:
@@ -28,12 +31,8 @@ def upload_problem(upload: Upload, reference: dict[str, torch.Tensor], num_class
             return f"parameter {key} has shape {tuple(value.shape)}, expected {tuple(ref.shape)}"
         if value.is_floating_point() and not torch.isfinite(value).all():
             return f"parameter {key} holds NaN or Inf"
-    counts = upload.class_counts
-    if len(counts) != num_classes or any((not isinstance(c, int)) or c < 0 for c in counts):
-        return f"class_counts must be {num_classes} non-negative integers, got {counts!r}"
-    if upload.num_train != sum(counts):
-        return f"num_train {upload.num_train} != sum of class_counts {sum(counts)}"
-    return _prototype_problem(upload.meta, num_classes)
+    problem = task.stats_problem(upload.num_train, upload.class_counts)  # the task knows what its counts count
+    return problem or _prototype_problem(upload.meta, task.num_classes)
 
 
 def _prototype_problem(meta: dict[str, Any], num_classes: int) -> str | None:

@@ -14,7 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
@@ -27,10 +27,14 @@ from prrfl.flare import places
 from prrfl.flare import protocol as P
 from prrfl.flare.liveness import AUTO, Deadline
 from prrfl.flare.validation import upload_problem
-from prrfl.methods.base import Download
+from prrfl.messages import Download
 from prrfl.registry import build_method, build_task, validate_config
 from prrfl.report import participation, results_table
 from prrfl.storage import load_torch, save_json, save_text, save_torch, save_torch_keeping_previous, set_aside
+
+if TYPE_CHECKING:
+    from prrfl.methods.base import Method
+    from prrfl.tasks.base import Task
 
 STATE_FILE = "server_state.pt"
 PREVIOUS_STATE_FILE = "server_state.previous.pt"
@@ -107,7 +111,7 @@ class PersonalizedWorkflow(ModelController):
             self.panic(f"the job cannot start: {e}")
             return
         if state is None:
-            state = self._new_state(cfg, task, clients)
+            state = self._new_state(cfg, task, method, clients)
             if state is None:
                 return
             save_torch(state, state_dir / STATE_FILE)
@@ -122,7 +126,7 @@ class PersonalizedWorkflow(ModelController):
             self.panic(f"the job cannot go on: {e}")
             return
         torch.manual_seed(cfg.seed)
-        model = task.build_model()
+        model = method.build_model()
         reference = {k: v for k, v in model.state_dict().items() if k in set(method.shared_keys(model))}
         common = {P.CONFIG: cfg.to_dict(), P.RUN_ID: state["run_id"], P.NUM_SITES: len(sites), P.GLOBAL_COUNTS: state["global_counts"]}
         if state["next_round"] >= cfg.num_rounds:
@@ -154,7 +158,7 @@ class PersonalizedWorkflow(ModelController):
                     self.error(f"round {round_idx}: {site} failed: {result.meta[P.ERROR]}; it keeps its previous download")
                     continue
                 upload = P.model_to_upload(site, result)
-                problem = upload_problem(upload, reference, task.num_classes)  # on the difference, before use
+                problem = upload_problem(upload, reference, task)  # on the difference, before use
                 if problem:
                     self.error(f"round {round_idx}: rejected the upload of {site}: {problem}")
                     continue
@@ -182,7 +186,7 @@ class PersonalizedWorkflow(ModelController):
             self._save_state(state, state_dir)
             self._log_round(round_idx, summaries, task.primary_metric)
 
-        self._finish(state, state_dir)
+        self._finish(state, state_dir, task)
 
     # ----- setup -----------------------------------------------------------------------
     def _state_dir(self) -> Path:
@@ -246,7 +250,7 @@ class PersonalizedWorkflow(ModelController):
         """Atomically, keeping the previous round's state as the fallback for an unreadable file."""
         save_torch_keeping_previous(state, state_dir / STATE_FILE, state_dir / PREVIOUS_STATE_FILE)
 
-    def _new_state(self, cfg: RunConfig, task, sites: list[str]) -> dict[str, Any] | None:
+    def _new_state(self, cfg: RunConfig, task: Task, method: Method, sites: list[str]) -> dict[str, Any] | None:
         run_id = uuid.uuid4().hex[:12]
         self.info(f"new run {run_id}: asking {len(sites)} sites to prepare their data; deadline {self.deadline.explain([])}")
         common = {P.CONFIG: cfg.to_dict(), P.RUN_ID: run_id, P.NUM_SITES: len(sites)}
@@ -266,8 +270,9 @@ class PersonalizedWorkflow(ModelController):
             if meta.get(P.ERROR):
                 self.error(f"{site} cannot take part in this run: {meta[P.ERROR]}")
                 continue
-            if len(meta.get("class_counts", [])) != task.num_classes:
-                self.warning(f"{site} did not report usable class counts; it is left out of this run")
+            problem = task.stats_problem(meta.get("num_train"), meta.get("class_counts"))
+            if problem:
+                self.warning(f"{site} did not report usable statistics ({problem}); it is left out of this run")
                 continue
             counts[site] = meta["class_counts"]
             estimate = meta.get("round_estimate_s")
@@ -281,7 +286,7 @@ class PersonalizedWorkflow(ModelController):
             if not meta.get("data_root"):
                 synthetic.append(site)
             self.info(
-                f"{site} ({meta.get('cohort')}): {meta['num_train']} training images from {source}, class counts "
+                f"{site} ({meta.get('cohort')}): {meta['num_train']} training {task.sample_noun} from {source}, class counts "
                 f"{counts[site]}; settings {settings.get('used') or 'none (defaults)'}; state in {meta.get('state_dir')}; "
                 f"estimated {estimates.get(site, float('nan')):.1f} s per round"
             )
@@ -300,7 +305,7 @@ class PersonalizedWorkflow(ModelController):
         global_counts = [sum(c[i] for c in counts.values()) for i in range(task.num_classes)]
         self.info(f"global class counts {dict(zip(task.class_names, global_counts))}")
         torch.manual_seed(cfg.seed)  # the same initial model for every site, reproducible from the seed
-        initial = Download(params=task.build_model().state_dict())
+        initial = Download(params=method.build_model().state_dict())
         return {
             "run_id": run_id,
             "config": cfg.to_dict(),
@@ -363,11 +368,11 @@ class PersonalizedWorkflow(ModelController):
                 parts.append(f"{site} {metric}={last[metric]:.1f}")
         self.info(f"round {round_idx} done; test of the personalized models: " + ", ".join(parts))
 
-    def _finish(self, state: dict[str, Any], state_dir: Path) -> None:
+    def _finish(self, state: dict[str, Any], state_dir: Path, task: Task) -> None:
         rounds = participation(state["history"], list(state["site_counts"]))
         sites = {s: {**state["summaries"].get(s, {}), "participation": rounds[s]} for s in state["site_counts"]}
         results = {"run_id": state["run_id"], "config": state["config"], "sites": sites}
-        table = results_table(sites)
+        table = results_table(sites, metrics=task.metric_names[:2])
         for folder in (state_dir, Path(self.get_run_dir())):
             save_json(results, folder / "results.json")
             save_text(table + "\n", folder / "results.md")

@@ -9,7 +9,7 @@ from typing import Literal, get_args
 import torch
 
 from prrfl.algorithms.pfa import normalised_weights
-from prrfl.methods.base import Upload
+from prrfl.messages import Upload
 
 StateDict = Mapping[str, torch.Tensor]
 Weighting = Literal["samples", "uniform"]

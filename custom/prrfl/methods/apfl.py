@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.func import functional_call
 
-from prrfl.methods.base import Download, check_finite
+from prrfl.messages import Download
+from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
-from prrfl.site.state import SiteRuntime
+
+if TYPE_CHECKING:
+    from prrfl.site.state import SiteRuntime
 
 
 def mix_parameters(personal: torch.nn.Module, shared: torch.nn.Module, alpha: torch.Tensor | float) -> dict[str, torch.Tensor]:
@@ -45,12 +48,12 @@ class APFL(FedAvg):
             raise ValueError(f"APFL option alpha must lie in [0, 1], got {alpha}")
         self.alpha, self.adaptive_alpha = alpha, adaptive_alpha
 
-    def train_batch(self, site, inputs, labels):
+    def train_batch(self, site, inputs, targets):
         shared, personal = site.models["shared"], site.models["personal"]
         alpha = torch.tensor(site.memory["alpha"], device=inputs.device, requires_grad=self.adaptive_alpha)
-        loss_w = self.supervised_loss(site, shared(inputs)[0], labels)
+        loss_w = self.supervised_loss(site, shared(inputs)[0], targets)
         mixed_logits = functional_call(personal, mix_parameters(personal, shared, alpha), (inputs,))[0]
-        loss_mixed = self.supervised_loss(site, mixed_logits, labels)
+        loss_mixed = self.supervised_loss(site, mixed_logits, targets)
         total = loss_w + loss_mixed
         check_finite(site, total)
         for opt in site.optimizers.values():

@@ -1,8 +1,10 @@
 """The method contract: what a site does in a local round and what the server does with the uploads.
 
-The shared loop (prrfl.site.trainer) owns data, batches, optimisers, evaluation and checkpoints.
-A method only says which models a site keeps (`roles`), their losses on a batch, what happens at a
-download, before/after an epoch, and how the server turns the uploads into one download per site.
+The shared loop (prrfl.site.trainer) owns the schedule, evaluation and checkpoints; the task owns
+data, batches, metrics and its loss. A method says which models a site keeps (`roles`) and builds
+them (`build_model`, `build_optimizer`: one factory each, so a method may own a model with several
+heads), their losses on a batch, what happens at a download, before/after an epoch, and how the
+server turns the uploads into one download per site.
 A method whose local step is not one gradient step of a summed loss overrides `train_batch`.
 Whatever a method must remember at a site between rounds goes into `site.memory`, which the loop
 checkpoints with the models (site processes may be restarted for every task).
@@ -10,39 +12,19 @@ checkpoints with the models (site processes may be restarted for every task).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+from prrfl.messages import Download, StateDict, Upload
 
 if TYPE_CHECKING:
     from prrfl.config import RunConfig
     from prrfl.site.state import SiteRuntime
     from prrfl.tasks.base import Task
-
-StateDict = dict[str, torch.Tensor]
-
-
-@dataclass
-class Upload:
-    """What one site sends after its local round: shared parameters plus small statistics."""
-
-    site: str
-    params: StateDict
-    num_train: int
-    class_counts: list[int]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Download:
-    """What the server sends one site for the next round."""
-
-    params: StateDict
-    meta: dict[str, Any] = field(default_factory=dict)
-
 
 class Method:
     """Base class: one local model trained with the task's supervised loss, uploaded whole."""
@@ -58,6 +40,12 @@ class Method:
         self.task = task
         if options:
             raise ValueError(f"method '{self.name}' got unknown option(s) {sorted(options)}")
+
+    @classmethod
+    def unsupported_reason(cls, task: "Task") -> str | None:
+        """Why this method cannot run on `task`, or None when it can. Checked when a job is built
+        (`registry.build_method`), so a job that cannot work is refused before any site trains."""
+        return None
 
     @classmethod
     def option_parameters(cls) -> dict[str, inspect.Parameter]:
@@ -83,6 +71,31 @@ class Method:
                 break
         return found
 
+    # ----- models -------------------------------------------------------------------------
+    def build_model(self) -> torch.nn.Module:
+        """A new model of any role (the task's network by default), with the caller's RNG state."""
+        return self.task.build_model()
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """The optimiser of one role's model, as the config says (`optimizer`, lr, momentum, weight
+        decay); the loop sets the learning rate of every epoch from the schedule."""
+        cfg = self.cfg
+        if cfg.optimizer == "adam":
+            return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    @functools.cached_property
+    def reference_model(self) -> torch.nn.Module:
+        """A model of the method's architecture for its keys and shapes (weights not meaningful),
+        built once, without touching the caller's RNG."""
+        with torch.random.fork_rng(devices=[]):
+            return self.build_model()
+
+    @property
+    def classifier_key(self) -> str | None:
+        """The state-dict key of the model's last classifier layer (PFA mixes it class by class)."""
+        return getattr(self.reference_model, "classifier_key", None)
+
     # ----- both sides ---------------------------------------------------------------------
     def shared_keys(self, model: torch.nn.Module) -> list[str]:
         """State-dict keys that travel between site and server (default: all)."""
@@ -103,12 +116,12 @@ class Method:
     def before_epoch(self, site: "SiteRuntime", epoch: int) -> None:
         pass
 
-    def train_batch(self, site: "SiteRuntime", inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    def train_batch(self, site: "SiteRuntime", inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         """One optimisation step on a batch; returns each trained model's loss. Default: forward every
         role, sum `losses`, one backward, step every optimiser, then `after_batch`. Methods whose step
         is not one gradient step of a summed loss (meta-learning, inner solvers) override this."""
         outputs = {role: site.models[role](inputs) for role in self.roles}
-        losses = self.losses(site, labels, outputs)
+        losses = self.losses(site, targets, outputs)
         for opt in site.optimizers.values():
             opt.zero_grad(set_to_none=True)
         total = sum(losses.values())
@@ -116,19 +129,20 @@ class Method:
         total.backward()
         for opt in site.optimizers.values():
             opt.step()
-        self.after_batch(site, labels, outputs)
+        self.after_batch(site, targets, outputs)
         return {role: float(loss.detach()) for role, loss in losses.items()}
 
-    def supervised_loss(self, site: "SiteRuntime", logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.task.loss(logits, labels)
+    def supervised_loss(self, site: "SiteRuntime", logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The task's loss; an imbalance method passes its own classification term into it."""
+        return self.task.loss(logits, targets)
 
     def losses(
-        self, site: "SiteRuntime", labels: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+        self, site: "SiteRuntime", targets: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
     ) -> dict[str, torch.Tensor]:
         """outputs: role -> (logits, embedding). Returns one loss per trained role."""
-        return {role: self.supervised_loss(site, out[0], labels) for role, out in outputs.items()}
+        return {role: self.supervised_loss(site, out[0], targets) for role, out in outputs.items()}
 
-    def after_batch(self, site: "SiteRuntime", labels: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def after_batch(self, site: "SiteRuntime", targets: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         pass
 
     def after_epoch(self, site: "SiteRuntime", epoch: int) -> None:

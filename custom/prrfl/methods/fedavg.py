@@ -3,14 +3,17 @@ SiloBN (which BatchNorm entries stay at the site)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from prrfl.algorithms.pfa import batchnorm_keys
+from prrfl.messages import Download, Upload
 from prrfl.methods import aggregation
-from prrfl.methods.base import Download, Method, Upload
-from prrfl.site.state import SiteRuntime
+from prrfl.methods.base import Method
+
+if TYPE_CHECKING:
+    from prrfl.site.state import SiteRuntime
 
 _BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
@@ -86,8 +89,8 @@ class FedProx(FedAvg):
         model = site.models[self.upload_role]
         return 0.5 * self.mu * sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters())
 
-    def losses(self, site, labels, outputs):
-        losses = super().losses(site, labels, outputs)
+    def losses(self, site, targets, outputs):
+        losses = super().losses(site, targets, outputs)
         losses[self.upload_role] = losses[self.upload_role] + self.proximal_term(site)
         return losses
 

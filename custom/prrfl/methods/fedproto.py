@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
+from prrfl.messages import Download, Upload
 from prrfl.methods import prototype_exchange as protos
-from prrfl.methods.base import Download, Method, Upload
-from prrfl.site.state import SiteRuntime
+from prrfl.methods.base import Method
+
+if TYPE_CHECKING:
+    from prrfl.site.state import SiteRuntime
 
 
 def prototype_regulariser(
@@ -36,8 +39,8 @@ class FedProto(Method):
     CE + lambda * MSE(embedding, global prototype of the sample's class) and uploads the per-class
     mean embeddings; the server averages them per class weighted by each site's class count.
 
-    Choices: lambda = 1 (authors' code default); the embedding is the model's 64-d input of the last
-    FC; local prototypes are the mean embeddings over the last local epoch's training batches (train
+    Choices: lambda = 1 (authors' code default); the embedding is what the task pools per class (the
+    classifier's 64-d input for dermoscopy, masked feature-map averages for segmentation); local prototypes are the mean embeddings over the last local epoch's training batches (train
     mode, as the authors' code); the regulariser is the authors' MSE, with samples of a class that has
     no global prototype yet (the first round) contributing 0. All sites start from the same initial
     model. The evaluated model is the site's model with its own classifier (the paper's
@@ -64,16 +67,17 @@ class FedProto(Method):
             super().on_download(site, download, first)
         protos.receive(site, download.meta)
 
-    def losses(self, site, labels, outputs):
-        logits, embeddings = outputs["local"]
-        loss = self.supervised_loss(site, logits, labels)
+    def losses(self, site, targets, outputs):
+        logits, embedding = outputs["local"]
+        loss = self.supervised_loss(site, logits, targets)
         if "global_prototypes" in site.memory:
             mem = site.memory
-            loss = loss + self.lam * prototype_regulariser(embeddings, labels, mem["global_prototypes"], mem["global_present"])
+            vectors, classes = site.task.class_embeddings(embedding, targets)
+            loss = loss + self.lam * prototype_regulariser(vectors, classes, mem["global_prototypes"], mem["global_present"])
         return {"local": loss}
 
-    def after_batch(self, site, labels, outputs):
-        protos.track(site, outputs["local"][1], labels)
+    def after_batch(self, site, targets, outputs):
+        protos.track(site, outputs["local"][1], targets)
 
     def after_epoch(self, site: SiteRuntime, epoch: int) -> None:
         protos.finish_epoch(site)

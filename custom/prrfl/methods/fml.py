@@ -33,9 +33,9 @@ class FML(FedAvg):
             raise ValueError(f"FML options alpha and beta must lie in [0, 1], got {alpha}, {beta}")
         self.alpha, self.beta = alpha, beta
 
-    def losses(self, site, labels, outputs):
+    def losses(self, site, targets, outputs):
         (z_p, _), (z_d, _) = outputs["personal"], outputs["deputy"]
         return {
-            "personal": self.alpha * self.supervised_loss(site, z_p, labels) + (1 - self.alpha) * kl_distillation(z_p, z_d),
-            "deputy": self.beta * self.supervised_loss(site, z_d, labels) + (1 - self.beta) * kl_distillation(z_d, z_p),
+            "personal": self.alpha * self.supervised_loss(site, z_p, targets) + (1 - self.alpha) * kl_distillation(z_p, z_d),
+            "deputy": self.beta * self.supervised_loss(site, z_d, targets) + (1 - self.beta) * kl_distillation(z_d, z_p),
         }

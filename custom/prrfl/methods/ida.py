@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
+from prrfl.messages import Upload
 from prrfl.methods import aggregation
-from prrfl.methods.base import Upload
 from prrfl.methods.fedavg import FedAvg
 
 _EPS = 1e-12  # a site exactly at the mean would otherwise get an infinite weight
@@ -33,7 +33,7 @@ class IDA(FedAvg):
     def site_weights(self, uploads: list[Upload]) -> torch.Tensor:
         states = [u.params for u in uploads]
         mean = aggregation.weighted_average(states, aggregation.site_weights(uploads, self.weighting))
-        keys = [k for k, _ in self.task.build_model().named_parameters() if k in mean]
+        keys = [k for k, _ in self.reference_model.named_parameters() if k in mean]
         distances = [max(aggregation.parameter_distance(s, mean, keys), _EPS) for s in states]
         inverse = 1.0 / torch.tensor(distances, dtype=torch.float64)
         return inverse / inverse.sum()

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prrfl.methods.base import Download, check_finite
+from prrfl.messages import Download
+from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
-from prrfl.site.state import SiteRuntime
+
+if TYPE_CHECKING:
+    from prrfl.site.state import SiteRuntime
 
 
 def sgd_step(params: Sequence[torch.Tensor], loss: torch.Tensor, lr: float) -> None:
@@ -42,11 +45,11 @@ def first_order_meta_step(
     return loss.detach()
 
 
-def random_batch(site: SiteRuntime, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def random_batch(site: "SiteRuntime", size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`size` training samples drawn with replacement, augmented like the loop's batches."""
     train = site.data.train
-    idx = torch.randint(len(train), (size,), generator=site.generator).to(train.labels.device)
-    return site.task.train_inputs(train.images[idx], site.generator), train.labels[idx]
+    idx = torch.randint(len(train), (size,), generator=site.generator).to(train.targets.device)
+    return site.task.train_transform(train.images[idx], train.targets[idx], site.generator)
 
 
 class PerFedAvg(FedAvg):
@@ -73,13 +76,13 @@ class PerFedAvg(FedAvg):
             raise ValueError(f"Per-FedAvg option alpha must be > 0, got {alpha}")
         self.alpha = alpha
 
-    def train_batch(self, site, inputs, labels):
+    def train_batch(self, site, inputs, targets):
         model = site.models["shared"]
-        outer_inputs, outer_labels = random_batch(site, len(labels))
+        outer_inputs, outer_targets = random_batch(site, len(targets))
         loss = first_order_meta_step(
             list(model.parameters()),
-            lambda: self.supervised_loss(site, model(inputs)[0], labels),
-            lambda: self.supervised_loss(site, model(outer_inputs)[0], outer_labels),
+            lambda: self.supervised_loss(site, model(inputs)[0], targets),
+            lambda: self.supervised_loss(site, model(outer_inputs)[0], outer_targets),
             self.alpha,
             site.optimizers["shared"],
         )
@@ -90,8 +93,8 @@ class PerFedAvg(FedAvg):
         personal = site.models["personal"]
         personal.load_state_dict(site.models["shared"].state_dict())
         personal.train()
-        inputs, labels = random_batch(site, self.cfg.batch_size)
-        sgd_step(list(personal.parameters()), self.supervised_loss(site, personal(inputs)[0], labels), self.alpha)
+        inputs, targets = random_batch(site, self.cfg.batch_size)
+        sgd_step(list(personal.parameters()), self.supervised_loss(site, personal(inputs)[0], targets), self.alpha)
 
     def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
         super().on_download(site, download, first)

@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
+from prrfl.messages import Download, Upload
 from prrfl.methods import aggregation
-from prrfl.methods.base import Download, Upload, check_finite
+from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
 
 
@@ -73,11 +74,11 @@ class PFedMe(FedAvg):
         server["global"] = aggregation.weighted_average([previous, average], torch.tensor([1 - self.beta, self.beta]))
         return {u.site: Download(params=dict(server["global"])) for u in uploads}
 
-    def train_batch(self, site, inputs, labels):
+    def train_batch(self, site, inputs, targets):
         shared, personal = site.models["shared"], site.models["personal"]
         theta, w = list(personal.parameters()), list(shared.parameters())
         loss = solve_personalized(
-            theta, w, lambda: self.supervised_loss(site, personal(inputs)[0], labels), self.lam, self.personal_lr, self.inner_steps
+            theta, w, lambda: self.supervised_loss(site, personal(inputs)[0], targets), self.lam, self.personal_lr, self.inner_steps
         )
         check_finite(site, loss)
         moreau_step(w, theta, self.lam, site.optimizers["shared"].param_groups[0]["lr"])

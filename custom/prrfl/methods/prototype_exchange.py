@@ -1,8 +1,10 @@
 """Class prototypes as they travel, shared by PRR (CPA loss) and FedProto.
 
 A site averages one model's embeddings per class over the batches of each local epoch (the authors'
-choice in both papers: the features of the batches being trained on, in train mode); the last
-epoch's prototypes go up in Upload.meta. The server's global prototypes come down in Download.meta.
+choice in both papers: the features of the batches being trained on, in train mode), pooled per
+class as the task says (`Task.class_embeddings`: an image's embedding for classification, the
+feature map's masked average per class for segmentation); the last epoch's prototypes go up in
+Upload.meta. The server's global prototypes come down in Download.meta.
 """
 
 from __future__ import annotations
@@ -13,18 +15,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from prrfl.algorithms.prototypes import PrototypeAccumulator
-from prrfl.methods.base import Upload
+from prrfl.messages import Upload
 
 if TYPE_CHECKING:
     from prrfl.site.state import SiteRuntime
 
 
-def track(site: "SiteRuntime", embeddings: torch.Tensor, labels: torch.Tensor) -> None:
-    """Add a batch's embeddings [B, D] (call from after_batch)."""
+def track(site: "SiteRuntime", embedding: torch.Tensor, targets: torch.Tensor) -> None:
+    """Add a batch's embedding and targets (call from after_batch)."""
+    vectors, classes = site.task.class_embeddings(embedding.detach(), targets)
     acc = site.memory.get("accumulator")
     if acc is None:
-        acc = site.memory["accumulator"] = PrototypeAccumulator(site.task.num_classes, embeddings.shape[1])
-    acc.update(embeddings.detach(), labels)
+        acc = site.memory["accumulator"] = PrototypeAccumulator(site.task.num_classes, vectors.shape[1])
+    acc.update(vectors, classes)
 
 
 def finish_epoch(site: "SiteRuntime") -> None:

@@ -20,21 +20,29 @@ Ablations (TMI Tables IV-VI) are options, e.g. `prrfl jobs export derm_prr --set
 * cpa_global=False: the conjoint mask is all ones (plain softmax competition).
 * cpa_local=False: gamma = 1 and no prototypes are computed or exchanged.
   With both off, L_sup is the task's own loss (cross entropy).
+
+CPA is the classification term of the task's loss: for classification L_sup = CPA, for
+segmentation L_sup = Dice + CPA (1:1, the paper). `cpa_ce_mix` = w makes that term
+(1 - w) * CPA + w * CE; the authors' segmentation code uses w = 0.5.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 from prrfl.algorithms import cpa, det, pfa, prototypes
+from prrfl.messages import Download, Upload
 from prrfl.methods import aggregation
 from prrfl.methods import prototype_exchange as protos
-from prrfl.methods.base import Download, Method, Upload
-from prrfl.site.state import SiteRuntime
+from prrfl.methods.base import Method
+
+if TYPE_CHECKING:
+    from prrfl.site.state import SiteRuntime
 
 PHASE_NAMES: tuple[str, ...] = tuple(p.name.lower() for p in det.Phase)  # recover, exchange, sublimate
 
@@ -78,6 +86,7 @@ class PRR(Method):
         cpa_refine_from_round: int = 0,  # authors: 15
         proto_std: prototypes.StdKind = "biased",  # "unbiased": the authors' K-1 divisor
         proto_std_floor: float = 0.0,  # authors: 1.0
+        cpa_ce_mix: float = 0.0,  # authors' segmentation code: 0.5
     ):
         super().__init__(cfg, task)
         if det_split not in det.DET_METRIC_SPLITS:
@@ -91,6 +100,8 @@ class PRR(Method):
         # checked here, when the job starts, rather than where they are first used (the server's first
         # aggregation, a site's first epoch): a bad value must not cost a round of training
         pfa.pfa_threshold(0, cfg.num_rounds, r0=r0, r1=r1, schedule=r_schedule)
+        if not 0 <= cpa_ce_mix <= 1:
+            raise ValueError(f"PRR option cpa_ce_mix must lie in [0, 1], got {cpa_ce_mix}")
         if not (tau > 0 and 0 <= beta < math.inf and proto_std_floor >= 0):
             raise ValueError(
                 f"PRR options need tau > 0, finite beta >= 0, proto_std_floor >= 0; got tau={tau}, beta={beta}, "
@@ -122,7 +133,7 @@ class PRR(Method):
                 weights=weights,
                 components=o["pfa_components"],
                 conv_layout=o["conv_layout"],
-                classifier_key=self.task.classifier_key,
+                classifier_key=self.classifier_key,
                 classifier_rowwise=o["classifier_rowwise"],
                 bn_keys=set(),  # BN keys never travel (shared_keys)
             )
@@ -190,16 +201,21 @@ class PRR(Method):
         present = mem["prototype_present"] & mem["global_present"]
         return cpa.prototype_gamma(mem["prototypes"], mem["global_prototypes"], tau=self.opt["tau"], present=present)
 
-    def supervised_loss(self, site: SiteRuntime, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """CPA; the task's own loss when both CPA parts are off."""
+    def supervised_loss(self, site: SiteRuntime, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The task's loss with CPA as its classification term; the task's own loss when both CPA
+        parts are off."""
         if not self.uses_cpa:
-            return self.task.loss(logits, labels)
-        mask = site.memory["mask"].to(labels.device, torch.float32)
-        gamma = site.memory["gamma"].to(labels.device, torch.float32)
-        return cpa.cpa_loss(logits, labels, mask, gamma=gamma)
+            return self.task.loss(logits, targets)
+        mask = site.memory["mask"].to(targets.device, torch.float32)
+        gamma = site.memory["gamma"].to(targets.device, torch.float32)
+        term = cpa.cpa_loss(logits, targets, mask, gamma=gamma)
+        mix = self.opt["cpa_ce_mix"]
+        if mix:
+            term = (1 - mix) * term + mix * F.cross_entropy(logits, targets)
+        return self.task.loss(logits, targets, class_term=term)
 
-    def losses(self, site, labels, outputs):
-        losses = {role: self.supervised_loss(site, z, labels) for role, (z, _) in outputs.items()}
+    def losses(self, site, targets, outputs):
+        losses = {role: self.supervised_loss(site, z, targets) for role, (z, _) in outputs.items()}
         phase = site.memory["phase"] if self.opt["det_enabled"] else None
         if phase is not None:
             (z_p, _), (z_d, _) = outputs["personal"], outputs["deputy"]
@@ -210,10 +226,10 @@ class PRR(Method):
                 losses["deputy"] = losses["deputy"] + det.kl_distillation(z_d, z_p)
         return losses
 
-    def after_batch(self, site, labels, outputs):
+    def after_batch(self, site, targets, outputs):
         # prototypes come from P's embeddings of the batch it is training on (authors' choice)
         if self.opt["cpa_local"]:
-            protos.track(site, outputs[self.eval_role][1], labels)
+            protos.track(site, outputs[self.eval_role][1], targets)
 
     def after_epoch(self, site: SiteRuntime, epoch: int) -> None:
         if self.opt["cpa_local"]:

@@ -5,14 +5,16 @@ PRR-FL) changes; PFA, DET and all PRR options work as in `PRR`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
 
-from prrfl.methods.base import Download
+from prrfl.messages import Download
 from prrfl.methods.prr import PRR
-from prrfl.site.state import SiteRuntime
+
+if TYPE_CHECKING:
+    from prrfl.site.state import SiteRuntime
 
 
 class PRRFL(PRR):
@@ -32,7 +34,9 @@ class PRRFL(PRR):
 
 
 class _PRRWithLoss(PRR):
-    """PRR with L_sup replaced: CPA (and with it the prototype exchange) is off."""
+    """PRR with CPA replaced by another imbalance loss as the classification term of the task's
+    loss (the whole loss for classification, beside Dice for segmentation); CPA and with it the
+    prototype exchange are off."""
 
     def __init__(self, cfg, task, **prr_options: Any):
         clash = sorted({"cpa_global", "cpa_local"} & set(prr_options))
@@ -87,8 +91,8 @@ class FedeAMC(_PRRWithLoss):
         counts = download.meta["global_class_counts"] if self.counts == "global" else site.data.class_counts
         site.memory["class_weights"] = count_weights(counts, self.power)
 
-    def supervised_loss(self, site, logits, labels):
-        return reweighted_cross_entropy(logits, labels, site.memory["class_weights"])
+    def supervised_loss(self, site, logits, targets):
+        return self.task.loss(logits, targets, class_term=reweighted_cross_entropy(logits, targets, site.memory["class_weights"]))
 
 
 class FedFocal(_PRRWithLoss):
@@ -108,5 +112,5 @@ class FedFocal(_PRRWithLoss):
         self.gamma = gamma
         self.alpha = None if alpha is None else torch.tensor(alpha, dtype=torch.float64)
 
-    def supervised_loss(self, site, logits, labels):
-        return focal_loss(logits, labels, self.gamma, self.alpha)
+    def supervised_loss(self, site, logits, targets):
+        return self.task.loss(logits, targets, class_term=focal_loss(logits, targets, self.gamma, self.alpha))

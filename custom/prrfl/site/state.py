@@ -18,18 +18,21 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
 from prrfl.config import RunConfig
-from prrfl.methods.base import Method
-from prrfl.storage import load_torch, save_json, save_torch_keeping_previous, set_aside
-from prrfl.tasks.base import SiteData, Split, Task
+from prrfl.storage import atomic_write, load_torch, save_json, save_torch_keeping_previous, set_aside
+from prrfl.tasks.base import SiteData, Task
+
+if TYPE_CHECKING:
+    from prrfl.methods.base import Method
 
 log = logging.getLogger(__name__)
 
+EXAMPLES = "examples.npz"  # a few test samples with the best model's output, for figures (segmentation)
 CHECKPOINT = "site_state.pt"
 PREVIOUS_CHECKPOINT = "site_state.previous.pt"
 RESULTS = "results.json"
@@ -42,7 +45,7 @@ class SiteRuntime:
     name: str
     cfg: RunConfig
     task: Task
-    method: Method
+    method: "Method"
     data: SiteData
     device: torch.device
     state_dir: Path  # checkpoints, best model, results.json (prrfl.flare.places)
@@ -60,20 +63,8 @@ class SiteRuntime:
     history: list[dict[str, Any]] = field(default_factory=list)
 
     # ----- evaluation ------------------------------------------------------------------
-    @torch.no_grad()
-    def predict(self, model: torch.nn.Module, split: Split, batch_size: int = 256) -> np.ndarray:
-        was_training = model.training
-        model.eval()
-        probs = []
-        for start in range(0, len(split), batch_size):
-            logits, _ = model(self.task.eval_inputs(split.images[start : start + batch_size]))
-            probs.append(torch.softmax(logits.float(), dim=1).cpu())
-        model.train(was_training)
-        return torch.cat(probs).numpy()
-
     def evaluate(self, role: str, split_name: str) -> dict[str, float]:
-        split = self.data.split(split_name)
-        return self.task.metrics(self.predict(self.models[role], split), split.labels.cpu().numpy())
+        return self.task.evaluate(self.models[role], self.data.split(split_name))
 
     def evaluate_best_on_ood(self) -> dict[str, float] | None:
         """The best-on-validation model on the task's out-of-distribution cohort (Table X), when the
@@ -87,9 +78,25 @@ class SiteRuntime:
         except FileNotFoundError as e:
             log.info("site %s: no out-of-distribution evaluation (%s)", self.name, e)
             return None
-        model = self.task.build_model().to(self.device)
+        return self.task.evaluate(self.best_model(), split)
+
+    def best_model(self) -> torch.nn.Module | None:
+        """The reported model at its best validation round (None before the first eligible round)."""
+        best_file = self.state_dir / f"best_{self.method.eval_role}.pt"
+        if not best_file.exists():
+            return None
+        model = self.method.build_model().to(self.device)
         model.load_state_dict(load_torch(best_file, map_location=self.device))
-        return self.task.metrics(self.predict(model, split), split.labels.cpu().numpy())
+        return model
+
+    def write_examples(self) -> None:
+        """The task's example outputs of the best model on the test split (`Task.examples`), written
+        beside results.json; nothing for a task that draws none."""
+        model = self.best_model()
+        examples = self.task.examples(model, self.data.test) if model is not None else None
+        if examples:
+            for folder in {self.state_dir, self.output_dir or self.state_dir}:
+                atomic_write(folder / EXAMPLES, lambda f: np.savez_compressed(f, **examples))
 
     # ----- persistence -----------------------------------------------------------------
     def save(self) -> None:
@@ -172,6 +179,7 @@ class SiteRuntime:
         return {
             "site": self.name,
             "cohort": self.data.cohort,
+            "task": self.cfg.task,
             "method": self.cfg.method,
             "run_name": self.cfg.run_name,
             "run_id": self.run_id,

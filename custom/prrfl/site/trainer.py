@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from prrfl.methods.base import Download, Upload
+from prrfl.messages import Download, Upload
 from prrfl.site.state import SiteRuntime
 from prrfl.storage import save_torch
 
@@ -57,6 +57,7 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     site.round_idx = round_idx
     if round_idx == cfg.num_rounds - 1:
         site.ood = site.evaluate_best_on_ood()
+        site.write_examples()
     upload = method.upload(site)
     site.save()
     return upload
@@ -75,25 +76,16 @@ def check_can_join(site: SiteRuntime, download: Download, round_idx: int) -> Non
 
 
 def train_epoch(site: SiteRuntime) -> dict[str, float]:
-    """One pass over the site's training split; returns the mean loss of each trained model."""
+    """One pass over the site's training split, in the task's batches; returns the mean loss of each
+    trained model."""
     method, train = site.method, site.data.train
     for role in method.roles:
         site.models[role].train()
-    n = len(train)
-    order = torch.randperm(n, generator=site.generator).to(train.labels.device)
-    bs = site.cfg.batch_size
-    # a last batch of one sample would break BatchNorm in training mode: it joins the previous batch
-    bounds = list(range(0, n, bs))
-    if len(bounds) > 1 and n - bounds[-1] == 1:
-        bounds.pop()
     totals: dict[str, float] = {}
-    for i, start in enumerate(bounds):
-        stop = bounds[i + 1] if i + 1 < len(bounds) else n
-        idx = order[start:stop]
-        inputs = site.task.train_inputs(train.images[idx], site.generator)
-        for role, loss in method.train_batch(site, inputs, train.labels[idx]).items():
-            totals[role] = totals.get(role, 0.0) + loss * len(idx)
-    return {role: total / max(n, 1) for role, total in totals.items()}
+    for inputs, targets in site.task.train_batches(train, site.cfg.batch_size, site.generator):
+        for role, loss in method.train_batch(site, inputs, targets).items():
+            totals[role] = totals.get(role, 0.0) + loss * len(targets)
+    return {role: total / max(len(train), 1) for role, total in totals.items()}
 
 
 def estimate_round_seconds(site: SiteRuntime, repeats: int = 2) -> float:
@@ -102,17 +94,16 @@ def estimate_round_seconds(site: SiteRuntime, repeats: int = 2) -> float:
     batch, times the images a round trains (every model of the method) plus its evaluations at a third
     of that cost. The site's models, generator and the global RNG are left as they were."""
     cfg, data = site.cfg, site.data
-    images, labels = data.train.images[: cfg.batch_size], data.train.labels[: cfg.batch_size]
     model = copy.deepcopy(site.models[site.method.roles[0]]).train()
     seconds = []
     with torch.random.fork_rng(devices=[site.device] if site.device.type == "cuda" else []):
-        inputs = site.task.eval_inputs(images)
+        inputs, targets, _ = next(site.task.eval_batches(data.train, cfg.batch_size))
         for _ in range(repeats + 1):  # the first step warms up
             tick = time.perf_counter()
             logits, _ = model(inputs)
-            site.task.loss(logits, labels).backward()
+            site.task.loss(logits, targets).backward()
             seconds.append(_synchronized(site.device) - tick)
-    per_image = min(seconds[1:]) / len(labels)
+    per_image = min(seconds[1:]) / len(targets)
     trained = data.num_train * cfg.local_epochs * len(site.method.roles)
     evaluated = (len(data.valid) + len(data.test)) * (cfg.local_epochs + 2)  # DET, per-epoch test, round end
     return per_image * (trained + evaluated / 3)

@@ -1,22 +1,32 @@
-"""The task contract: every data set exports the same names, so every method and runner works on it."""
+"""The task contract: every data set exports the same names, so every method and runner works on it.
+
+A task owns everything that depends on its data: the model it trains (`build_model`), its sites'
+splits (`load_site`), how a split becomes batches (`train_batches` with augmentation applied
+jointly to an image and its spatial target, `eval_batches`), its metrics computed while streaming
+over a split (`evaluate`), the statistics a site reports and how the server checks them
+(`class_counts`, `stats_problem`), its supervised loss (`loss`, into which an imbalance method
+plugs its per-sample term) and how an embedding is pooled per class for prototypes
+(`class_embeddings`). Methods, the site loop, the FLARE glue and the report read only these names.
+`ClassificationTask` and `SegmentationTask` implement the parts that depend on the kind of target.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
 
 @dataclass
 class Split:
-    images: torch.Tensor  # uint8 [N, C, H, W], on the training device
-    labels: torch.Tensor  # int64 [N]
+    images: torch.Tensor  # stored inputs, e.g. uint8 [N, C, H, W], on the training device
+    targets: torch.Tensor  # int64 [N] class indices, or [N, H, W] masks of class indices
+    groups: torch.Tensor | None = None  # int64 [N]: the volume each slice belongs to (None: samples stand alone)
 
     def __len__(self) -> int:
-        return int(self.labels.shape[0])
+        return int(self.targets.shape[0])
 
 
 @dataclass
@@ -25,20 +35,24 @@ class SiteData:
     train: Split
     valid: Split
     test: Split
-    num_classes: int
+    class_counts: list[int]  # the task's statistics of the training split (Task.class_counts)
 
     @property
     def num_train(self) -> int:
         return len(self.train)
 
-    @property
-    def class_counts(self) -> list[int]:
-        return torch.bincount(self.train.labels.cpu(), minlength=self.num_classes).tolist()
-
     def split(self, name: str) -> Split:
         if name not in ("train", "valid", "test"):
             raise ValueError(f"unknown split '{name}', expected train, valid or test")
         return getattr(self, name)
+
+
+class StreamingMetric(Protocol):
+    """Metrics accumulated batch by batch over a split, in the split's order."""
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor, index: slice) -> None: ...
+
+    def compute(self) -> dict[str, float]: ...
 
 
 class Task:
@@ -49,28 +63,121 @@ class Task:
     class_names: ClassVar[tuple[str, ...]]
     site_names: ClassVar[tuple[str, ...]]  # the federation's cohorts, in FLARE site order
     ood_cohort: ClassVar[str | None] = None  # evaluated at the end, never trained on
-    primary_metric: ClassVar[str]
-    classifier_key: ClassVar[str]  # state-dict key of the last classifier layer
+    ood_scored_by: ClassVar[str | None] = None  # the cohort whose best model the report scores on it
+    paper_table: ClassVar[str] = "per-site results"  # the paper's name of the per-site table, for the report
+    metric_names: ClassVar[tuple[str, ...]]  # the metrics tables report, the primary one (selection, DET) first
+    sample_noun: ClassVar[str] = "images"  # what num_train counts, for messages
+    eval_batch_size: ClassVar[int] = 256
 
     def __init__(self, data_cfg: dict[str, Any]):
         self.data_cfg = dict(data_cfg)
 
-    def build_model(self) -> torch.nn.Module:
-        raise NotImplementedError
+    @property
+    def primary_metric(self) -> str:
+        return self.metric_names[0]
 
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits, labels)
+    # ----- model and data ----------------------------------------------------------------
+    def build_model(self) -> torch.nn.Module:
+        """The task's network: forward(x) -> (logits [B, C, ...], embedding), and a `classifier_key`
+        attribute naming the state-dict key of its last classifier layer."""
+        raise NotImplementedError
 
     def load_site(self, cohort: str, device: torch.device, data_root: str | None) -> SiteData:
         raise NotImplementedError
 
-    def train_inputs(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def site_data(self, cohort: str, train: Split, valid: Split, test: Split) -> SiteData:
+        return SiteData(cohort=cohort, train=train, valid=valid, test=test, class_counts=self.class_counts(train))
+
+    # ----- batches ------------------------------------------------------------------------
+    def train_transform(
+        self, images: torch.Tensor, targets: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stored samples -> augmented model inputs and their targets (a spatial target is moved
+        with its image). `generator` lives on the CPU."""
         raise NotImplementedError
 
-    def eval_inputs(self, images: torch.Tensor) -> torch.Tensor:
+    def eval_transform(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def metrics(self, probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    def train_batches(
+        self, split: Split, batch_size: int, generator: torch.Generator
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One shuffled pass over `split`. A last batch of one sample would break BatchNorm in
+        training mode: it joins the previous batch. Lazy: each batch is drawn (and augmented, from
+        `generator`) when the loop asks for it."""
+        n = len(split)
+        order = torch.randperm(n, generator=generator).to(split.targets.device)
+        bounds = list(range(0, n, batch_size))
+        if len(bounds) > 1 and n - bounds[-1] == 1:
+            bounds.pop()
+        for i, start in enumerate(bounds):
+            idx = order[start : bounds[i + 1] if i + 1 < len(bounds) else n]
+            yield self.train_transform(split.images[idx], split.targets[idx], generator)
+
+    def eval_batches(self, split: Split, batch_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor, slice]]:
+        """The split in order, in chunks of `batch_size` (default `eval_batch_size`): (inputs,
+        targets, the chunk's positions in the split)."""
+        size = batch_size or self.eval_batch_size
+        for start in range(0, len(split), size):
+            index = slice(start, min(start + size, len(split)))
+            yield (*self.eval_transform(split.images[index], split.targets[index]), index)
+
+    # ----- evaluation ---------------------------------------------------------------------
+    def new_metric(self, split: Split) -> StreamingMetric:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, split: Split, batch_size: int | None = None) -> dict[str, float]:
+        """The task's metrics of `model` on `split` (percent), streaming over chunks of the split:
+        memory is bounded by one chunk plus what the metric keeps. The model's mode is restored."""
+        was_training = model.training
+        model.eval()
+        metric = self.new_metric(split)
+        try:
+            for inputs, targets, index in self.eval_batches(split, batch_size):
+                logits, _ = model(inputs)
+                metric.update(logits, targets, index)
+        finally:
+            model.train(was_training)
+        return metric.compute()
+
+    def examples(self, model: torch.nn.Module, split: Split) -> dict[str, Any] | None:
+        """A few samples of `split` with the model's output, as numpy arrays, for figures (the report's
+        segmentation overlays); None when the task draws none."""
+        return None
+
+    # ----- statistics, loss, prototypes -------------------------------------------------------
+    def class_counts(self, split: Split) -> list[int]:
+        """The per-class statistics a site reports for its training split."""
+        raise NotImplementedError
+
+    def stats_problem(self, num_train: Any, class_counts: Any) -> str | None:
+        """None when a site's reported statistics are consistent, else a one-line reason (server side)."""
+        if not isinstance(num_train, int) or isinstance(num_train, bool) or num_train < 0:
+            return f"num_train must be a non-negative integer, got {num_train!r}"
+        counts = class_counts
+        if not isinstance(counts, list) or len(counts) != self.num_classes or any(
+            not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in counts
+        ):
+            return f"class_counts must be {self.num_classes} non-negative integers, got {counts!r}"
+        units = self.units_per_sample()
+        if sum(counts) != num_train * units:
+            return f"class_counts sum to {sum(counts)}, expected num_train {num_train} x {units} per sample = {num_train * units}"
+        return None
+
+    def units_per_sample(self) -> int:
+        """What one training sample adds to the sum of class_counts (1 image, or the pixels of a slice)."""
+        return 1
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, class_term: torch.Tensor | None = None) -> torch.Tensor:
+        """The task's supervised loss. `class_term`: an imbalance method's per-sample classification
+        loss (already reduced), which takes the place of the task's cross-entropy term; the task adds
+        its other terms (e.g. Dice for segmentation) to it."""
+        raise NotImplementedError
+
+    def class_embeddings(self, embedding: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's embedding of a batch -> (vectors [M, D], their classes [M]) from which class
+        prototypes are averaged. Differentiable (FedProto regularises them)."""
         raise NotImplementedError
 
     def cohort_of(self, site_name: str) -> str:

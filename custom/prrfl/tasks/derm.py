@@ -14,16 +14,15 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-import numpy as np
 import torch
 
 from prrfl.config import check_options, config_error
 from prrfl.data.augment import DermAugment, normalize
 from prrfl.data.derm import ensure_synthetic_federation, load_split
 from prrfl.data.derm.store import split_path
-from prrfl.metrics import classification_metrics
 from prrfl.models import SlimVGG16BN
-from prrfl.tasks.base import SiteData, Split, Task
+from prrfl.tasks.base import SiteData, Split
+from prrfl.tasks.classification import ClassificationTask
 
 
 class DermData(TypedDict):
@@ -51,14 +50,14 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("PRRFL_CACHE", Path.home() / ".cache" / "prrfl"))
 
 
-class DermTask(Task):
+class DermTask(ClassificationTask):
     name = "derm"
     num_classes = 3
     class_names = ("nv", "bkl", "mel")
     site_names = ("A", "B", "C", "D")
     ood_cohort = "OOD"
-    primary_metric = "f1"
-    classifier_key = SlimVGG16BN.classifier_key
+    ood_scored_by = "A"  # TMI Table X: site A's model on ViDIR Legacy
+    paper_table = "Table II"
 
     def __init__(self, data_cfg: dict[str, Any]):
         check_options(data_cfg, typing.get_type_hints(DermData), owner="derm data", path="data")
@@ -120,14 +119,13 @@ class DermTask(Task):
                     f"{root}/{cohort}/{name}.npz holds {s.images.shape[-1]} px images but the job asks for "
                     f"image_size={self.data_cfg['image_size']}"
                 )
-            splits[name] = Split(images=s.images.to(device), labels=s.labels.to(device))
-        return SiteData(cohort=cohort, num_classes=self.num_classes, **splits)
+            splits[name] = Split(images=s.images.to(device), targets=s.labels.to(device))
+        return self.site_data(cohort, **splits)
 
-    def train_inputs(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        return self.augment(images, generator)
+    def train_transform(
+        self, images: torch.Tensor, targets: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.augment(images, generator), targets
 
-    def eval_inputs(self, images: torch.Tensor) -> torch.Tensor:
-        return normalize(images)
-
-    def metrics(self, probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-        return classification_metrics(probs, labels, self.num_classes)
+    def eval_transform(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return normalize(images), targets

@@ -1,0 +1,56 @@
+"""Multi-site prostate T2 MRI segmentation data (clients A-E = RUNMC, BMC, UCL, BIDMC, HK; I2CVB optional).
+
+`reader` lists, loads, checks and reorients the raw NIfTI layout; `synthetic` writes the same raw
+layout from a seed (anatomy: `anatomy`, per-site scanners: `scanner`); `prepare` turns a raw
+layout into per-site npz splits of axial slices read back by `store.load_split`;
+`cache.ensure_synthetic_prostate` is the embedded default; `preview` draws PNGs to look at.
+Names are imported lazily, so that reading the raw layout needs neither torch nor MONAI.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "SITES": "layout",
+    "SITE_NAMES": "layout",
+    "TABLE_SITES": "layout",
+    "SPLITS": "layout",
+    "ProstateSite": "layout",
+    "ProstateDataError": "reader",
+    "CaseFiles": "reader",
+    "ProstateCase": "reader",
+    "list_cases": "reader",
+    "list_sites": "reader",
+    "load_case": "reader",
+    "present_sites": "reader",
+    "to_display": "reader",
+    "from_display": "reader",
+    "patient_split": "splitting",
+    "prepare_prostate": "prepare",
+    "prepare_case": "prepare",
+    "ProstateManifest": "prepare",
+    "ProstateSplit": "store",
+    "load_split": "store",
+    "case_counts": "synthetic",
+    "generate_synthetic_prostate": "synthetic",
+    "plan_case": "synthetic",
+    "synthesize_case": "synthetic",
+    "SCANNER_PROFILES": "scanner",
+    "ensure_synthetic_prostate": "cache",
+    "write_previews": "preview",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

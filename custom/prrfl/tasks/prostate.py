@@ -1,0 +1,135 @@
+"""Prostate MRI segmentation (TMI 2022, Sec. IV, Table III) over 5 hospitals: clients A-E = RUNMC,
+BMC (NCI-ISBI 2013), UCL, BIDMC, HK (PROMISE12); I2CVB may join as a sixth site through a site's
+local `cohort` setting.
+
+A site's data is a prepared folder (`python -m prrfl.data.prostate prepare`: axial T2 slices of
+each case, normalised per volume and resized, split 7:1:2 by patient); with no data root the
+embedded synthetic federation is generated in the same raw NIfTI layout and prepared on first use,
+cached and shared by all sites of the machine. Samples are 2-D slices; Dice and IoU are computed
+on each test volume from its slices.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+import torch
+
+from prrfl.config import check_options, config_error
+from prrfl.data.augment import SliceAugment, normalize
+from prrfl.data.prostate import ensure_synthetic_prostate, load_split
+from prrfl.data.prostate.layout import MANIFEST_NAME, TABLE_SITES
+from prrfl.data.prostate.store import split_path
+from prrfl.models.deeplab import DeepLabV2ResNet18
+from prrfl.tasks.base import SiteData, Split
+from prrfl.tasks.segmentation import POOLINGS, SegmentationTask
+
+
+class ProstateData(TypedDict):
+    """The `data` options of a prostate job (the task's options); validation checks each value."""
+
+    image_size: int
+    model_width: int
+    prototype_pooling: Literal["area", "sum"]
+    synthetic_scale: float
+    synthetic_seed: int
+    synthetic_matrix_scale: float
+    split_seed: int
+
+
+DEFAULT_DATA: dict[str, Any] = {
+    "image_size": 64,  # the paper: 256
+    "model_width": 16,  # channels of ResNet-18's first stage; the paper's network: 64
+    "prototype_pooling": "area",  # "sum": the authors' unnormalised masked pooling
+    "synthetic_scale": 0.2,  # fraction of the Table I case counts (at least 3 cases per site); 1.0 = full size
+    "synthetic_seed": 0,
+    "synthetic_matrix_scale": 1 / 3,  # in-plane matrix of the generated volumes: 1.0 = the scanners' 384-512 px
+    "split_seed": 0,
+}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("PRRFL_CACHE", Path.home() / ".cache" / "prrfl"))
+
+
+class ProstateTask(SegmentationTask):
+    name = "prostate"
+    num_classes = 2
+    class_names = ("background", "prostate")
+    site_names = TABLE_SITES  # RUNMC, BMC, UCL, BIDMC, HK: clients A-E
+    paper_table = "Table III"
+
+    def __init__(self, data_cfg: dict[str, Any]):
+        check_options(data_cfg, typing.get_type_hints(ProstateData), owner="prostate data", path="data")
+        super().__init__({**DEFAULT_DATA, **data_cfg})
+        d = self.data_cfg
+        rules = {
+            "image_size": (d["image_size"] >= 32 and d["image_size"] % 8 == 0, "a multiple of 8, >= 32"),
+            "model_width": (d["model_width"] >= 4, "an integer >= 4"),
+            "synthetic_scale": (0 < d["synthetic_scale"] < math.inf, "a number > 0"),
+            "synthetic_matrix_scale": (0 < d["synthetic_matrix_scale"] <= 2, "a number in (0, 2]"),
+            "synthetic_seed": (d["synthetic_seed"] >= 0, "an integer >= 0"),
+            "split_seed": (d["split_seed"] >= 0, "an integer >= 0"),
+        }
+        for key, (ok, expected) in rules.items():
+            if not ok:
+                raise config_error(f"prostate data option '{key}'", expected, d[key], f"data.{key}")
+        assert d["prototype_pooling"] in POOLINGS  # the Literal annotation was checked above
+        self.image_size = d["image_size"]
+        self.prototype_pooling = d["prototype_pooling"]
+        self.augment = SliceAugment()
+
+    def build_model(self) -> torch.nn.Module:
+        return DeepLabV2ResNet18(num_classes=self.num_classes, in_channels=1, width=self.data_cfg["model_width"])
+
+    def prepared_root(self, data_root: str | None) -> Path:
+        """A site's prepared data: its own root, or the shared synthetic federation (built on first use)."""
+        if data_root:
+            root = Path(data_root)
+            if not (root / MANIFEST_NAME).exists():
+                raise FileNotFoundError(
+                    f"data root {root} has no {MANIFEST_NAME}: prepare the raw data first "
+                    "(python -m prrfl.data.prostate prepare --raw <raw> --out <root>)"
+                )
+            return root
+        d = self.data_cfg
+        return Path(
+            ensure_synthetic_prostate(
+                default_cache_dir(),
+                scale=d["synthetic_scale"],
+                seed=d["synthetic_seed"],
+                size=d["image_size"],
+                split_seed=d["split_seed"],
+                matrix_scale=d["synthetic_matrix_scale"],
+            )
+        )
+
+    def load_site(self, cohort: str, device: torch.device, data_root: str | None) -> SiteData:
+        root = self.prepared_root(data_root)
+        splits = {}
+        for name in ("train", "valid", "test"):
+            s = load_split(root, cohort, name)
+            path = split_path(root, cohort, name)
+            if name == "train" and len(s) == 0:
+                raise ValueError(f"{path} holds no slice: site {cohort} has nothing to train on")
+            if s.images.shape[-1] != self.image_size:
+                raise ValueError(f"{path} holds {s.images.shape[-1]} px slices but the job asks for image_size={self.image_size}")
+            rows = s.volume_rows()  # each volume's slices together and in order: Dice is computed per volume
+            order = torch.cat(list(rows.values())) if rows else torch.zeros(0, dtype=torch.long)
+            groups = torch.cat([torch.full((len(r),), i, dtype=torch.long) for i, r in enumerate(rows.values())]) if rows else order
+            splits[name] = Split(
+                images=s.images[order].to(device), targets=s.masks[order].long().to(device), groups=groups.to(device)
+            )
+        return self.site_data(cohort, **splits)
+
+    def train_transform(
+        self, images: torch.Tensor, targets: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.augment(images, targets, generator)
+
+    def eval_transform(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return normalize(images), targets

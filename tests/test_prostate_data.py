@@ -1,0 +1,541 @@
+"""Prostate data layer: raw reader and its refusals, patient-level split, preparation, prepared splits,
+synthetic generator (determinism, geometry, Table I, site shifts, anatomy), cache, command line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+from prrfl.data.prostate import __main__ as cli
+from prrfl.data.prostate import cache as cache_mod
+from prrfl.data.prostate.cache import ensure_synthetic_prostate
+from prrfl.data.prostate.layout import SITES, SPLITS, TABLE_SITES
+from prrfl.data.prostate.prepare import ProstateManifest, prepare_prostate
+from prrfl.data.prostate.reader import (
+    CaseFiles,
+    ProstateDataError,
+    from_display,
+    list_cases,
+    list_sites,
+    load_case,
+    to_display,
+)
+from prrfl.data.prostate.anatomy import sample_anatomy
+from prrfl.data.prostate.scanner import SCANNER_PROFILES, acquire
+from prrfl.data.prostate.splitting import patient_split
+from prrfl.data.prostate.store import load_split, split_path
+from prrfl.data.prostate.synthetic import (
+    case_counts,
+    generate_synthetic_prostate,
+    plan_case,
+    stored_layout,
+    synthesize_case,
+)
+
+SHAPE = (32, 32, 6)  # X, Y, Z of the hand-written volumes
+SPACING = (0.6, 0.6, 3.5)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _affine(spacing=SPACING, flip_xy=False) -> np.ndarray:
+    """RAS affine with this spacing; flip_xy: the LPS voxel order (axes 0 and 1 reversed)."""
+    sx, sy, sz = spacing
+    if flip_xy:  # voxel 0 is the RAS volume's last voxel along x and y: same world positions
+        x0, y0 = -10.0 + (SHAPE[0] - 1) * sx, -12.0 + (SHAPE[1] - 1) * sy
+        return np.array([[-sx, 0, 0, x0], [0, -sy, 0, y0], [0, 0, sz, -8.0], [0, 0, 0, 1]])
+    return np.array([[sx, 0, 0, -10.0], [0, sy, 0, -12.0], [0, 0, sz, -8.0], [0, 0, 0, 1]])
+
+
+def _volume(seed: int, shape=SHAPE) -> tuple[np.ndarray, np.ndarray]:
+    """(int16 image, uint8 mask): a bright ellipsoid 'gland' on a noisy background, mask = the ellipsoid."""
+    rng = np.random.default_rng(seed)
+    x, y, z = np.meshgrid(*(np.arange(n) for n in shape), indexing="ij")
+    cx, cy = shape[0] / 2 + rng.uniform(-3, 3), shape[1] / 2 + rng.uniform(-3, 3)
+    inside = ((x - cx) / 7) ** 2 + ((y - cy) / 5) ** 2 + ((z - shape[2] / 2 + 0.5) / 2.2) ** 2 < 1
+    image = rng.normal(200, 20, shape) + 3 * x + np.where(inside, 400, 0) + 50 * seed
+    return np.clip(image, 0, None).astype(np.int16), inside.astype(np.uint8)
+
+
+def _save(path: Path, array: np.ndarray, affine: np.ndarray | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nib.save(nib.Nifti1Image(array, _affine() if affine is None else affine), str(path))
+    return path
+
+
+def _write_case(folder: Path, case_id: str, seed: int, tag: str = "_segmentation", flip_xy: bool = False) -> None:
+    image, mask = _volume(seed)
+    affine = _affine(flip_xy=flip_xy)
+    if flip_xy:  # the same anatomy stored in LPS voxel order
+        image, mask = image[::-1, ::-1], mask[::-1, ::-1]
+    _save(folder / f"{case_id}.nii.gz", np.ascontiguousarray(image), affine)
+    _save(folder / f"{case_id}{tag}.nii.gz", np.ascontiguousarray(mask), affine)
+
+
+def _tiny_layout(root: Path, sites=TABLE_SITES, cases: int = 3) -> Path:
+    """Hand-written raw layout: `cases` cases per site, RUNMC with the capitalised mask tag."""
+    for k, s in enumerate(sites):
+        for i in range(cases):
+            tag = "_Segmentation" if s == "RUNMC" else "_segmentation"
+            _write_case(root / s, f"Case{i:02d}", seed=10 * k + i, tag=tag, flip_xy=(s == "BMC"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory) -> Path:
+    return _tiny_layout(tmp_path_factory.mktemp("prostate") / "raw")
+
+
+@pytest.fixture(scope="module")
+def prepared(layout, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("prostate") / "prepared"
+    prepare_prostate(layout, out, size=32, seed=0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("synth") / "raw"
+    info = generate_synthetic_prostate(out, scale=0.1, seed=3, max_matrix=32)
+    return out, info
+
+
+# ---------------------------------------------------------------------------------------------- reader
+
+
+def test_reader_pairs_both_mask_spellings_in_natural_order(tmp_path):
+    site = tmp_path / "RUNMC"
+    _write_case(site, "Case10", 1, tag="_Segmentation")
+    _write_case(site, "Case2", 2, tag="_segmentation")
+    (site / "notes.txt").write_text("not a volume")
+    (site / ".DS_Store").write_bytes(b"\0")
+    cases = list_cases(tmp_path, "RUNMC")
+    assert [c.case_id for c in cases] == ["Case2", "Case10"]
+    assert cases[0].mask.name == "Case2_segmentation.nii.gz"
+    assert cases[1].mask.name == "Case10_Segmentation.nii.gz"
+    case = load_case(cases[1])
+    image, mask = _volume(1)
+    assert case.image.dtype == np.float32 and case.mask.dtype == np.uint8
+    np.testing.assert_array_equal(case.image, image.astype(np.float32))
+    np.testing.assert_array_equal(case.mask, mask)
+    assert case.spacing == pytest.approx(SPACING)
+    assert case.prostate_share == pytest.approx(mask.mean())
+
+
+def test_reader_reorients_every_voxel_order_to_ras(tmp_path):
+    _write_case(tmp_path / "RUNMC", "Case00", 5)
+    _write_case(tmp_path / "BMC", "Case00", 5, flip_xy=True)  # same anatomy, LPS order
+    ras = load_case(list_cases(tmp_path, "RUNMC")[0])
+    lps = load_case(list_cases(tmp_path, "BMC")[0])
+    np.testing.assert_array_equal(ras.image, lps.image)
+    np.testing.assert_array_equal(ras.mask, lps.mask)
+    assert np.all(np.diag(lps.affine)[:3] > 0) and lps.spacing == pytest.approx(SPACING)
+    np.testing.assert_allclose(lps.affine, ras.affine, atol=1e-6)
+    stack = to_display(ras.image)
+    assert stack.shape == (SHAPE[2], SHAPE[1], SHAPE[0])  # slices, rows (A->P), columns (R->L)
+    assert stack[0, 0, 0] == ras.image[-1, -1, 0]  # top left of slice 0: most anterior, patient's right
+    np.testing.assert_array_equal(from_display(stack), ras.image)
+
+
+def test_sites_default_to_table_i_plus_i2cvb_when_present(layout, tmp_path):
+    assert list(list_sites(layout)) == list(TABLE_SITES)
+    root = _tiny_layout(tmp_path / "raw", sites=(*TABLE_SITES, "I2CVB"), cases=1)
+    assert list(list_sites(root)) == [*TABLE_SITES, "I2CVB"]
+    assert list(list_sites(root, ["HK", "I2CVB"])) == ["HK", "I2CVB"]
+    with pytest.raises(ValueError, match="unknown prostate site 'XYZ'"):
+        list_sites(root, ["XYZ"])
+
+
+def _bad(tmp_path: Path, kind: str) -> tuple[Path, Path | None, str]:
+    """Build one broken site folder; returns (raw root, file to load or None to list only, expected words)."""
+    site = tmp_path / "HK"
+    site.mkdir(parents=True)
+    image, mask = _volume(0)
+    if kind == "corrupt":
+        (site / "Case00.nii.gz").write_bytes(b"this is not a NIfTI file at all")
+        _save(site / "Case00_segmentation.nii.gz", mask)
+        return tmp_path, site / "Case00.nii.gz", "cannot read image"
+    if kind == "truncated":
+        _save(site / "Case00.nii.gz", image)
+        data = gzip.decompress((site / "Case00.nii.gz").read_bytes())
+        (site / "Case00.nii.gz").write_bytes(gzip.compress(data[: len(data) // 3]))
+        _save(site / "Case00_segmentation.nii.gz", mask)
+        return tmp_path, site / "Case00.nii.gz", "cannot read the voxels of image"
+    if kind == "shape":
+        _save(site / "Case00.nii.gz", image)
+        _save(site / "Case00_segmentation.nii.gz", mask[:, :, :5])
+        return tmp_path, site / "Case00_segmentation.nii.gz", "same voxel grid"
+    if kind == "labels":
+        _save(site / "Case00.nii.gz", image)
+        _save(site / "Case00_segmentation.nii.gz", (mask * 2).astype(np.uint8))
+        return tmp_path, site / "Case00_segmentation.nii.gz", "labels 0 and 1"
+    if kind == "empty_mask":
+        _save(site / "Case00.nii.gz", image)
+        _save(site / "Case00_segmentation.nii.gz", np.zeros_like(mask))
+        return tmp_path, site / "Case00_segmentation.nii.gz", "no prostate voxel"
+    if kind == "4d":
+        _save(site / "Case00.nii.gz", np.stack([image, image], axis=-1))
+        _save(site / "Case00_segmentation.nii.gz", mask)
+        return tmp_path, site / "Case00.nii.gz", "3-D"
+    if kind == "2d":
+        _save(site / "Case00.nii.gz", image[:, :, 0])
+        _save(site / "Case00_segmentation.nii.gz", mask)
+        return tmp_path, site / "Case00.nii.gz", "3-D"
+    if kind == "nan":
+        _save(site / "Case00.nii.gz", np.where(mask > 0, np.nan, image).astype(np.float32))
+        _save(site / "Case00_segmentation.nii.gz", mask)
+        return tmp_path, site / "Case00.nii.gz", "non-finite"
+    if kind == "orientation":
+        _save(site / "Case00.nii.gz", image)
+        _save(site / "Case00_segmentation.nii.gz", mask, _affine(flip_xy=True))
+        return tmp_path, site / "Case00_segmentation.nii.gz", "oriented"
+    if kind == "no_mask":
+        _save(site / "Case01.nii.gz", image)
+        return tmp_path, None, "Case01.nii.gz: image without mask"
+    if kind == "no_image":
+        _save(site / "Case01_Segmentation.nii.gz", mask)
+        return tmp_path, None, "Case01_Segmentation.nii.gz: mask without image"
+    if kind == "tag":
+        _save(site / "Case00.nii.gz", image)
+        _save(site / "Case00_SEGMENTATION.nii.gz", mask)
+        return tmp_path, None, "Case00_SEGMENTATION.nii.gz: mask file name not recognised"
+    if kind == "two_masks":
+        _save(site / "Case00.nii.gz", image)
+        _save(site / "Case00_segmentation.nii.gz", mask)
+        _save(site / "Case00_Segmentation.nii.gz", mask)
+        return tmp_path, None, "two mask files"
+    if kind == "empty_site":
+        (site / "readme.txt").write_text("nothing here")
+        return tmp_path, None, f"{site} holds no case"
+    if kind == "missing_site":
+        shutil.rmtree(site)
+        return tmp_path, None, f"{site} is missing"
+    raise AssertionError(kind)
+
+
+LOAD_ERRORS = ["corrupt", "truncated", "shape", "labels", "empty_mask", "4d", "2d", "nan", "orientation"]
+LIST_ERRORS = ["no_mask", "no_image", "tag", "two_masks", "empty_site", "missing_site"]
+
+
+@pytest.mark.parametrize("kind", LOAD_ERRORS)
+def test_bad_volumes_are_refused_naming_the_file(tmp_path, kind):
+    root, path, words = _bad(tmp_path, kind)
+    files = list_cases(root, "HK")
+    assert len(files) == 1
+    with pytest.raises(ProstateDataError) as e:
+        load_case(files[0])
+    assert str(path) in str(e.value) and words in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize("kind", LIST_ERRORS)
+def test_bad_layouts_are_refused_naming_the_file(tmp_path, kind):
+    root, _, words = _bad(tmp_path, kind)
+    with pytest.raises(ProstateDataError) as e:
+        list_cases(root, "HK")
+    assert words in str(e.value)
+
+
+def test_a_bad_case_stops_preparation_before_anything_is_published(layout, tmp_path):
+    raw = tmp_path / "raw"
+    shutil.copytree(layout, raw)
+    mask = raw / "UCL" / "Case01_segmentation.nii.gz"
+    _save(mask, np.full(SHAPE, 3, np.uint8))
+    with pytest.raises(ProstateDataError, match=str(mask)):
+        prepare_prostate(raw, tmp_path / "out", size=16)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- split
+
+
+def test_patient_split_partitions_cases_deterministically():
+    ids = [f"Case{i:02d}" for i in range(30)]
+    a = patient_split(ids, (0.7, 0.1, 0.2), seed=0, site_name="RUNMC")
+    assert [len(a[s]) for s in SPLITS] == [21, 3, 6]
+    assert sorted(sum(a.values(), [])) == ids  # a partition: every case once
+    assert a == patient_split(list(reversed(ids)), (0.7, 0.1, 0.2), seed=0, site_name="RUNMC")
+    assert a != patient_split(ids, (0.7, 0.1, 0.2), seed=1, site_name="RUNMC")
+    assert a != patient_split(ids, (0.7, 0.1, 0.2), seed=0, site_name="BMC")  # per-site stream
+    for n, expected in ((12, [9, 1, 2]), (13, [9, 1, 3]), (3, [1, 1, 1]), (4, [2, 1, 1])):
+        got = patient_split([f"C{i}" for i in range(n)], (0.7, 0.1, 0.2), 5, "HK")
+        assert [len(got[s]) for s in SPLITS] == expected
+    no_valid = patient_split(["a", "b"], (0.5, 0.0, 0.5), 0, "UCL")
+    assert [len(no_valid[s]) for s in SPLITS] == [1, 0, 1]
+    with pytest.raises(ValueError, match="site BIDMC has 2 case"):
+        patient_split(["a", "b"], (0.7, 0.1, 0.2), 0, "BIDMC")
+    with pytest.raises(ValueError, match="split fractions"):
+        patient_split(ids, (0.7, 0.2, 0.2), 0, "HK")
+
+
+# ---------------------------------------------------------------------------------------------- prepare
+
+
+def test_prepared_files_shapes_dtypes_ranges_and_manifest(layout, prepared):
+    m = ProstateManifest.load(prepared)
+    assert m.sites == list(TABLE_SITES) and m.size == 32
+    assert m.data["config"]["split"] == [0.7, 0.1, 0.2] and m.data["config"]["seed"] == 0
+    for s in TABLE_SITES:
+        seen: set[str] = set()
+        info = m.data["sites"][s]
+        assert info["table_prostate_share"] == SITES[s].prostate_share
+        for sp in SPLITS:
+            data = load_split(prepared, s, sp)
+            assert data.images.dtype == torch.uint8 and data.images.shape[1:] == (1, 32, 32)
+            assert data.masks.dtype == torch.uint8 and data.masks.shape == (len(data), 32, 32)
+            assert set(torch.unique(data.masks).tolist()) == {0, 1}
+            assert int(data.images.max()) == 255 and int(data.images.min()) == 0
+            assert len(data) == SHAPE[2] * len(m.cases(s, sp)) == m.slices(s, sp)  # every slice kept
+            assert set(data.cases) == set(m.cases(s, sp)) and not seen & set(data.cases)
+            seen |= set(data.cases)
+            split_info = info["splits"][sp]
+            assert split_info["foreground_pixels"] == int(data.masks.sum())
+            assert split_info["foreground_pixels"] + split_info["background_pixels"] == len(data) * 32 * 32
+        assert len(seen) == 3
+    assert "RUNMC" in m.table() and "2." in m.table()
+
+
+def test_slices_regroup_into_the_original_volumes(layout, prepared):
+    m = ProstateManifest.load(prepared)
+    for s in ("RUNMC", "BMC"):  # BMC is stored in LPS order: same display after reorientation
+        k = TABLE_SITES.index(s)
+        data = load_split(prepared, s, "train")
+        rows = data.volume_rows()
+        for case_id in m.cases(s, "train"):
+            images, masks = data.volume(case_id)
+            assert data.slice_index[rows[case_id]].tolist() == list(range(SHAPE[2]))
+            image, mask = _volume(10 * k + int(case_id[4:]))
+            np.testing.assert_array_equal(masks.numpy(), to_display(mask))  # size 32 = raw: exact
+            lo, hi = np.percentile(image, [0.5, 99.5])
+            expected = np.rint(np.clip((to_display(image.astype(np.float32)) - lo) / (hi - lo), 0, 1) * 255)
+            assert np.abs(images[:, 0].numpy().astype(float) - expected).max() <= 1
+
+
+def test_resize_size_is_configurable(layout, tmp_path):
+    for size in (16, 48):
+        prepare_prostate(layout, tmp_path / str(size), size=size, sites=["HK"], split=(0.34, 0.33, 0.33))
+        data = load_split(tmp_path / str(size), "HK", "test")
+        assert data.images.shape[1:] == (1, size, size) and data.masks.shape[1:] == (size, size)
+        share = float(data.masks.float().mean())
+        assert share == pytest.approx(float(np.mean([_volume(40 + i)[1].mean() for i in range(3)])), rel=0.5)
+    with pytest.raises(ValueError, match="size must be an integer >= 8"):
+        prepare_prostate(layout, tmp_path / "bad", size=4)
+
+
+def test_load_split_refuses_bad_files_naming_them(prepared, tmp_path):
+    root = tmp_path / "p"
+    shutil.copytree(prepared, root)
+    path = split_path(root, "HK", "train")
+    with pytest.raises(FileNotFoundError, match="prepare"):
+        load_split(root, "UCL_missing", "train")
+    with np.load(path) as z:
+        good = {k: z[k] for k in z.files}
+    cases = [
+        ({**good, "masks": good["masks"] * 2}, "0 and 1 only"),
+        ({k: v for k, v in good.items() if k != "slice_index"}, "missing array"),
+        ({**good, "slice_index": np.zeros_like(good["slice_index"])}, "numbered 0.."),
+        ({**good, "images": good["images"][:, 0]}, "uint8 \\[N,1,S,S\\]"),
+    ]
+    for arrays, words in cases:
+        np.savez(path, **arrays)
+        with pytest.raises(ValueError, match=words) as e:
+            load_split(root, "HK", "train")
+        assert str(path) in str(e.value)
+    path.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=f"cannot read prepared split {path}"):
+        load_split(root, "HK", "train")
+
+
+# ---------------------------------------------------------------------------------------------- synthetic
+
+
+def test_case_counts_follow_the_scale():
+    assert case_counts(1.0) == {s: SITES[s].cases for s in TABLE_SITES} == {
+        "RUNMC": 30, "BMC": 30, "UCL": 13, "BIDMC": 12, "HK": 12,
+    }
+    assert case_counts(0.5) == {"RUNMC": 15, "BMC": 15, "UCL": 7, "BIDMC": 6, "HK": 6}
+    assert case_counts(0.01) == {s: 3 for s in TABLE_SITES}
+    assert case_counts(1.0, ["I2CVB"]) == {"I2CVB": 19}
+    with pytest.raises(ValueError, match="scale"):
+        case_counts(0)
+
+
+def test_synthetic_layout_is_read_by_the_real_reader(synth):
+    raw, info = synth
+    assert info["counts"] == case_counts(0.1) == {s: 3 for s in TABLE_SITES}
+    assert not [p for p in raw.parent.iterdir() if p.name.startswith(".")]  # no temp folder left
+    listing = list_sites(raw)
+    assert {s: len(v) for s, v in listing.items()} == info["counts"]
+    for s, files in listing.items():
+        tag = SCANNER_PROFILES[s].mask_tag
+        assert all(f.mask.name == f"{f.case_id}{tag}.nii.gz" for f in files)
+    assert {SCANNER_PROFILES[s].mask_tag for s in TABLE_SITES} == {"_segmentation", "_Segmentation"}
+    for s in TABLE_SITES:
+        row = info["cases"][s][0]
+        img = nib.load(str(raw / s / "Case00.nii.gz"))
+        assert img.get_data_dtype() == np.int16 and img.header.get_xyzt_units()[0] == "mm"
+        assert img.header.get_zooms() == pytest.approx(row["spacing"], abs=1e-4)
+        prof = SCANNER_PROFILES[s]
+        assert prof.thickness[0] <= row["thickness"] <= prof.thickness[1]
+        assert nib.aff2axcodes(img.affine) == (("L", "P", "S") if prof.orientation == "LPS" else ("R", "A", "S"))
+        case = load_case(listing[s][0])
+        assert case.shape == (row["matrix"], row["matrix"], row["slices"])
+        assert case.spacing == pytest.approx(row["spacing"], abs=1e-4)
+        np.testing.assert_array_equal(to_display(case.mask), synthesize_case(plan_case(s, 0, 3, max_matrix=32)).mask)
+
+
+def test_full_size_geometry_follows_the_site_profiles():
+    for s in TABLE_SITES:
+        prof = SCANNER_PROFILES[s]
+        for i in range(4):
+            plan = plan_case(s, i, 0)
+            assert plan.matrix in prof.matrix and 384 <= plan.matrix <= 512
+            assert 0.39 <= plan.spacing[0] <= 0.7 and 3.0 <= plan.thickness <= 4.0
+            assert 15 <= plan.slices <= 40
+        assert plan_case(s, 0, 0, matrix_scale=0.5).matrix == round(plan_case(s, 0, 0).matrix * 0.5)
+        assert plan_case(s, 0, 0, max_matrix=100).fov == plan_case(s, 0, 0).fov  # the field of view stays
+
+
+def test_synthetic_generation_is_deterministic(synth, tmp_path):
+    """Same seed, same bytes (also when cases render in worker processes); another seed, other data."""
+    raw, _ = synth
+    again = tmp_path / "again"
+    generate_synthetic_prostate(again, scale=0.1, seed=3, max_matrix=32, sites=["RUNMC", "BIDMC"], workers=2)
+    for s in ("RUNMC", "BIDMC"):
+        for f in sorted((raw / s).iterdir()):
+            assert (again / s / f.name).read_bytes() == f.read_bytes(), f
+    a, b = (synthesize_case(plan_case("RUNMC", 0, 3, max_matrix=32)) for _ in range(2))
+    np.testing.assert_array_equal(a.image, b.image)
+    np.testing.assert_array_equal(a.mask, b.mask)
+    for other in (plan_case("RUNMC", 0, 4, max_matrix=32), plan_case("RUNMC", 1, 3, max_matrix=32)):
+        c = synthesize_case(other)
+        assert c.image.shape != a.image.shape or not np.array_equal(c.image, a.image)
+    differs = tmp_path / "seed4"
+    generate_synthetic_prostate(differs, scale=0.1, seed=4, max_matrix=32, sites=["RUNMC"])
+    assert (differs / "RUNMC" / "Case00.nii.gz").read_bytes() != (raw / "RUNMC" / "Case00.nii.gz").read_bytes()
+    with pytest.raises(FileExistsError):
+        generate_synthetic_prostate(again, scale=0.1, seed=3, max_matrix=32, sites=["RUNMC"])
+
+
+def _cases(site: str, n: int = 6, matrix: int = 40):
+    return [synthesize_case(plan_case(site, i, 0, max_matrix=matrix)) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def site_cases() -> dict:
+    return {s: _cases(s) for s in TABLE_SITES}
+
+
+def test_prostate_voxel_share_follows_table_i(site_cases):
+    for s, cases in site_cases.items():
+        share = float(np.mean([c.mask.mean() for c in cases]))
+        target = SITES[s].prostate_share
+        assert target / 1.3 < share < target * 1.3, (s, share, target)
+    ordered = sorted(TABLE_SITES, key=lambda s: np.mean([c.mask.mean() for c in site_cases[s]]))
+    assert ordered[-1] == "RUNMC" and ordered[0] in ("HK", "UCL")  # largest and smallest V_P as in Table I
+
+
+def test_scanner_shift_between_sites_is_real(site_cases):
+    p99 = {s: float(np.mean([np.percentile(c.image, 99) for c in cs])) for s, cs in site_cases.items()}
+    assert p99["BMC"] > 1.6 * p99["RUNMC"] and p99["RUNMC"] > 2.5 * p99["HK"]  # stored ranges differ by site
+    assert p99["RUNMC"] > 1.4 * p99["UCL"]
+
+    def posterior_over_anterior(c) -> float:  # mean intensity of the posterior over the anterior gland half
+        z, y, x = np.nonzero(c.mask)
+        cut = np.median(y)
+        back, front = y > cut, y < cut
+        return float(c.image[z[back], y[back], x[back]].mean() / c.image[z[front], y[front], x[front]].mean())
+
+    ratio = {s: np.mean([posterior_over_anterior(c) for c in cs]) for s, cs in site_cases.items()}
+    assert ratio["BIDMC"] > 1.25 * max(v for s, v in ratio.items() if s != "BIDMC")  # endorectal coil flare
+
+    def noise_floor(site: str) -> float:  # Rician floor in air relative to a uniform tissue signal
+        plan = plan_case(site, 0, 0, max_matrix=24)
+        grid, anat = synthesize_case(plan).grid, sample_anatomy(np.random.default_rng(0), 40.0)
+        air = acquire(np.zeros(grid.shape, np.float32), grid, anat, SCANNER_PROFILES[site], np.random.default_rng(1))
+        uniform = np.full(grid.shape, 0.5, np.float32)
+        tissue = acquire(uniform, grid, anat, SCANNER_PROFILES[site], np.random.default_rng(1))
+        return float(air.mean() / np.median(tissue))
+
+    assert noise_floor("HK") > 1.5 * noise_floor("RUNMC")  # a noisier site
+    hist = {s: np.histogram(np.concatenate([(c.image / np.percentile(c.image, 99.5)).ravel() for c in cs]),
+                            bins=20, range=(0, 1.2), density=True)[0] for s, cs in site_cases.items()}
+    assert np.abs(hist["BMC"] - hist["HK"]).sum() > 1.0  # normalised histograms still differ (gamma, contrast)
+
+
+def test_synthetic_anatomy_is_laid_out_like_a_pelvis(site_cases):
+    for s, cases in site_cases.items():
+        for c in cases:
+            area = c.mask.sum(axis=(1, 2))
+            present = np.flatnonzero(area)
+            lo, hi = present[0], present[-1]
+            assert 0 < lo and hi < len(area) - 1  # the whole gland is covered, with slices below and above
+            assert area.argmax() not in (lo, hi) and area[lo] < area.max() / 2 and area[hi] < area.max() / 2
+            assert np.all(area[lo : hi + 1] > 0)  # one gland, no gap
+            img = c.image.astype(float)
+            above = img[hi + 1 :]
+            assert above.max() > np.percentile(img[: lo + 1], 99.5) or s == "BIDMC"  # bladder (urine) above the gland
+            mid = (lo + hi) // 2
+            body = img[mid] > 0.15 * np.percentile(img, 99)
+            assert body.mean() > 0.4  # the body fills much of the field of view
+
+
+def test_stored_layout_round_trips_through_the_reader(tmp_path):
+    case = synthesize_case(plan_case("UCL", 1, 0, max_matrix=24))
+    for orientation in ("RAS", "LPS"):
+        array, affine = stored_layout(case.image, case.grid, orientation)
+        _save(tmp_path / orientation / "UCL" / "Case00.nii.gz", array, affine)
+        mask, _ = stored_layout(case.mask, case.grid, orientation)
+        _save(tmp_path / orientation / "UCL" / "Case00_segmentation.nii.gz", mask, affine)
+        loaded = load_case(CaseFiles("UCL", "Case00", *(tmp_path / orientation / "UCL" / n for n in
+                                                         ("Case00.nii.gz", "Case00_segmentation.nii.gz"))))
+        np.testing.assert_array_equal(to_display(loaded.image), case.image.astype(np.float32))
+        np.testing.assert_array_equal(to_display(loaded.mask), case.mask)
+
+
+# ---------------------------------------------------------------------------------------------- cache, CLI
+
+
+def test_cache_builds_once_and_reuses(tmp_path, monkeypatch):
+    kwargs = dict(scale=0.1, seed=1, size=16, max_matrix=24, sites=["UCL", "HK"])
+    first = ensure_synthetic_prostate(tmp_path, **kwargs)
+    manifest = ProstateManifest.load(first)
+    assert manifest.sites == ["UCL", "HK"] and manifest.size == 16
+    assert manifest.data["config"]["synthetic"]["seed"] == 1
+    stamp = (first / "manifest.json").stat().st_mtime_ns
+
+    def refuse(*a, **k):
+        raise AssertionError("regenerated although cached")
+
+    monkeypatch.setattr(cache_mod, "generate_synthetic_prostate", refuse)
+    monkeypatch.setattr(cache_mod, "prepare_prostate", refuse)
+    assert ensure_synthetic_prostate(tmp_path, **kwargs) == first
+    assert (first / "manifest.json").stat().st_mtime_ns == stamp
+    params = json.loads((first.parent / "params.json").read_text())
+    assert params["scale"] == 0.1 and params["max_matrix"] == 24
+    with pytest.raises(AssertionError, match="regenerated"):
+        ensure_synthetic_prostate(tmp_path, **{**kwargs, "seed": 2})  # other parameters: another key
+
+
+def test_command_line_synth_prepare_preview(tmp_path, capsys):
+    raw, out, png = tmp_path / "raw", tmp_path / "out", tmp_path / "png"
+    assert cli.main(["synth", "--out", str(raw), "--scale", "0.05", "--matrix", "24", "--sites", "RUNMC", "BIDMC"]) == 0
+    assert "RUNMC" in capsys.readouterr().out
+    assert cli.main(["prepare", "--raw", str(raw), "--out", str(out), "--size", "16", "--sites", "RUNMC", "BIDMC"]) == 0
+    assert "BIDMC" in capsys.readouterr().out and (out / "BIDMC" / "test.npz").is_file()
+    pytest.importorskip("matplotlib")
+    assert cli.main(["preview", "--raw", str(raw), "--out", str(png), "--cases", "1", "--columns", "3"]) == 0
+    pngs = sorted(p.name for p in png.iterdir())
+    assert pngs == ["BIDMC.png", "RUNMC.png"]
+    assert (png / "RUNMC.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["prepare", "--raw", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prrfl: error:") and str(tmp_path / "nowhere") in err
