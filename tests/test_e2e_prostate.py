@@ -41,7 +41,7 @@ def test_every_site_reports_volume_dice_and_iou(finished_run):
         counts = results["class_counts"]  # voxels per class: 32 x 32 per training slice
         assert sum(counts) == results["num_train"] * 32 * 32 and 0 < counts[1] < counts[0]
         assert results["ood"] is None  # the prostate task has no out-of-distribution cohort
-    assert "test DICE" in proc.stdout + proc.stderr  # the job prints the per-site table with the task's metrics
+    assert "test Dice" in proc.stdout + proc.stderr  # the job prints the per-site table with the task's metrics
 
 
 def test_each_site_gets_its_own_pfa_download(finished_run):
@@ -75,5 +75,5 @@ def test_report_builds_table_iii_and_the_overlay_figure(finished_run, tmp_path):
             assert set(np.unique(z["truth"])) <= {0, 1} and z["truth"][0].any()  # the largest prostate section
     report = build_report([ws], tmp_path / "report")
     text = report.read_text()
-    assert "## Table III: per-site test DICE and IOU" in text and "RUNMC DICE" in text and "Table X" not in text
+    assert "## Table III: per-site test Dice and IoU" in text and "RUNMC Dice" in text and "Table X" not in text
     assert "![overlays](overlays.png)" in text and (tmp_path / "report/overlays.png").stat().st_size > 0

@@ -13,6 +13,14 @@ import numpy as np
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score, roc_auc_score
 
 
+LABELS = {"f1": "F1", "auc": "AUC", "acc": "ACC", "bacc": "bACC", "bauc": "bAUC", "dice": "Dice", "iou": "IoU"}
+
+
+def label(metric: str) -> str:
+    """How tables and figures name a metric ("dice" -> "Dice")."""
+    return LABELS.get(metric, metric.upper())
+
+
 def classification_metrics(probs: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, float]:
     """probs [N, C] softmax outputs, labels [N] ints -> {"f1", "auc", "acc", "bacc"} in percent.
 

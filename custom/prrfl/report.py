@@ -29,6 +29,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from prrfl.metrics import label
 from prrfl.registry import task_class
 from prrfl.storage import load_json, save_text
 
@@ -64,7 +65,7 @@ def results_table(summaries: dict[str, dict[str, Any]], metrics: Sequence[str]) 
     the server's `participation` in the summaries, a column of rounds taken part in, and a mark plus a
     note for every site whose numbers are stale or that missed rounds."""
     with_rounds = any("participation" in s for s in summaries.values())
-    header = "| site | best round | " + ("rounds | " if with_rounds else "") + " | ".join(f"test {m.upper()}" for m in metrics) + " |"
+    header = "| site | best round | " + ("rounds | " if with_rounds else "") + " | ".join(f"test {label(m)}" for m in metrics) + " |"
     lines = [header, "|" + "---|" * (2 + with_rounds + len(metrics))]
     notes = []
     columns: dict[str, list[float]] = {m: [] for m in metrics}
@@ -288,14 +289,22 @@ def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def table_ii(rows: Sequence[dict[str, Any]], methods: Sequence[str], reference: str, metrics: Sequence[str]) -> str:
+def ordered(cohorts: Iterable[str], known: Sequence[str] = ()) -> list[str]:
+    """Cohorts in the task's site order (`known`, e.g. clients A-E), any others after, by name."""
+    present = set(cohorts)
+    return [c for c in known if c in present] + sorted(present - set(known))
+
+
+def table_ii(
+    rows: Sequence[dict[str, Any]], methods: Sequence[str], reference: str, metrics: Sequence[str], site_order: Sequence[str] = ()
+) -> str:
     """Rows = methods; columns = each cohort's metrics at the best validation round, their average
     over the sites, and the paired test of the first metric against the reference."""
     values = {m: values_by_method(rows, "best_test", m) for m in metrics}
-    cohorts = sorted({row["cohort"] for row in rows if row["split"] == "best_test"})
+    cohorts = ordered((row["cohort"] for row in rows if row["split"] == "best_test"), site_order)
     first = metrics[0]
-    header = ["method", "seeds"] + [f"{c} {m.upper()}" for c in cohorts for m in metrics]
-    header += [f"Avg {m.upper()}" for m in metrics] + [f"p ({first.upper()} vs {reference})"]
+    header = ["method", "seeds"] + [f"{c} {label(m)}" for c in cohorts for m in metrics]
+    header += [f"Avg {label(m)}" for m in metrics] + [f"p ({label(first)} vs {reference})"]
     body = []
     for method in methods:
         seeds = len({seed for (_, seed) in values[first].get(method, {})})
@@ -307,9 +316,9 @@ def table_ii(rows: Sequence[dict[str, Any]], methods: Sequence[str], reference: 
             test = paired_test(values[first].get(method, {}), values[first][reference])
         body.append(cells + [str(test)])
     note = (
-        f"Test {', '.join(m.upper() for m in metrics)} (%) of each site's model at its best validation round; "
+        f"Test {', '.join(label(m) for m in metrics)} (%) of each site's model at its best validation round; "
         "Avg = mean over the sites of one run. With several seeds: mean ± sample std (ddof=1) over seeds. "
-        f"p: two-sided paired test of the per-(site, seed) test {first.upper()} against {reference} "
+        f"p: two-sided paired test of the per-(site, seed) test {label(first)} against {reference} "
         f"(Wilcoxon signed-rank when n ≥ {WILCOXON_MIN_PAIRS} pairs, else paired t-test 't'); "
         f"{MISSING} for the reference itself, fewer than 2 pairs, or an undefined test."
     )
@@ -326,7 +335,7 @@ def table_x(rows: Sequence[dict[str, Any]], methods: Sequence[str], cohort: str,
     for method in methods:
         seeds = len(values[metrics[0]].get(method, {}))
         body.append([method, str(seeds)] + [mean_std(list(values[m].get(method, {}).values())) for m in metrics])
-    header = ["method", "seeds"] + [f"OOD {m.upper()}" for m in metrics]
+    header = ["method", "seeds"] + [f"OOD {label(m)}" for m in metrics]
     note = f"Best-on-validation model of site {cohort} on the out-of-distribution cohort; mean ± sample std over seeds."
     return _markdown(header, body) + "\n\n" + note
 
@@ -346,11 +355,11 @@ def retrogress_table(summary: dict[str, tuple[float, float, int]], metric: str) 
         return "No per-epoch test records (eval_test_every_epoch) in these results: no retrogress measure."
     body = [[m, f"{mean:.2f}", f"{std:.2f}", str(n)] for m, (mean, std, n) in summary.items()]
     note = (
-        f"Drop = test {metric.upper()} after the last local epoch of round r-1 minus test {metric.upper()} right "
+        f"Drop = test {label(metric)} after the last local epoch of round r-1 minus test {label(metric)} right "
         "after the download of round r (r ≥ 1), per site; mean and sample std over sites, rounds and seeds. "
         "Positive = the download made the evaluated model worse."
     )
-    return _markdown(["method", f"mean {metric.upper()} drop", "std", "n"], body) + "\n\n" + note
+    return _markdown(["method", f"mean {label(metric)} drop", "std", "n"], body) + "\n\n" + note
 
 
 def runs_table(results: Sequence[SiteResult], methods: Sequence[str]) -> str:
@@ -422,9 +431,9 @@ def plot_curves(method: str, results: Sequence[SiteResult], colours: dict[str, A
     ax.set_ylim(0, 100)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("local epochs done (grey lines: communication rounds)")
-    ax.set_ylabel(f"test {metric.upper()} (%)")
+    ax.set_ylabel(f"test {label(metric)} (%)")
     spread = f"mean ± std of {seeds} seeds" if seeds > 1 else f"seed {results[0].seed}"
-    ax.set_title(f"{method}: test {metric.upper()} per site over training ({spread})")
+    ax.set_title(f"{method}: test {label(metric)} per site over training ({spread})")
     ax.legend(title="site", loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # never over a curve
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
@@ -433,7 +442,7 @@ def plot_curves(method: str, results: Sequence[SiteResult], colours: dict[str, A
 EXAMPLES_FILE = "examples.npz"  # written by a segmentation site beside its results.json
 
 
-def plot_overlays(results: Sequence[SiteResult], methods: Sequence[str], path: Path) -> Path | None:
+def plot_overlays(results: Sequence[SiteResult], methods: Sequence[str], path: Path, site_order: Sequence[str] = ()) -> Path | None:
     """Fig. 4 of the TMI paper: one test slice per site (columns) for each method (rows), the true
     contour in green and the method's predicted contour in red, from each run's examples file (the
     lowest seed of each method; the first example of each site, i.e. the largest prostate section of its
@@ -445,7 +454,7 @@ def plot_overlays(results: Sequence[SiteResult], methods: Sequence[str], path: P
             with np.load(file) as z:
                 chosen[(r.method, r.cohort)] = {k: z[k][0] for k in ("image", "truth", "prediction")}
     rows = [m for m in methods if any(k[0] == m for k in chosen)]
-    cohorts = sorted({k[1] for k in chosen})
+    cohorts = ordered((k[1] for k in chosen), site_order)
     if not rows:
         return None
     plt = _pyplot()
@@ -482,8 +491,8 @@ def plot_retrogress(summary: dict[str, tuple[float, float, int]], path: Path, re
     ax.set_xticks(range(len(methods)), [f"{m}\n{mean:.1f} ± {std:.1f}" for m, mean, std in zip(methods, means, stds)])
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel(f"method (green: the reference, {reference})")
-    ax.set_ylabel(f"test {metric.upper()} drop (points)")
-    ax.set_title(f"Retrogress: test {metric.upper()} lost right after a communication round\n(mean ± std over sites, rounds and seeds)", fontsize=11)
+    ax.set_ylabel(f"test {label(metric)} drop (points)")
+    ax.set_title(f"Retrogress: test {label(metric)} lost right after a communication round\n(mean ± std over sites, rounds and seeds)", fontsize=11)
     ax.grid(axis="y", alpha=0.3)
     ax.margins(y=0.15)
     low, high = ax.get_ylim()
@@ -529,13 +538,13 @@ def build_report(
     write_csv(drops, RETROGRESS_FIELDS, out / "retrogress.csv")
     summary = retrogress_summary(drops, order)
     figures = _figures(results, curves or order, summary, out, reference, primary)
-    overlays = plot_overlays(results, order, out / "overlays.png")  # segmentation runs write examples
+    overlays = plot_overlays(results, order, out / "overlays.png", facts.site_names)  # segmentation runs write examples
     figures += [overlays] if overlays else []
-    names = " and ".join(m.upper() for m in metrics)
+    names = " and ".join(label(m) for m in metrics)
     sections = [
         f"# Results: {facts.name}\n",
         f"## Runs\n\n{runs_table(results, order)}\n",
-        f"## {facts.paper_table}: per-site test {names}\n\n{table_ii(rows, order, reference, metrics)}\n",
+        f"## {facts.paper_table}: per-site test {names}\n\n{table_ii(rows, order, reference, metrics, facts.site_names)}\n",
     ]
     if facts.ood_cohort and facts.ood_scored_by:
         table = table_x(rows, order, facts.ood_scored_by, metrics)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -80,6 +81,12 @@ class Task:
     def build_model(self) -> torch.nn.Module:
         """The task's network: forward(x) -> (logits [B, C, ...], embedding), and a `classifier_key`
         attribute naming the state-dict key of its last classifier layer."""
+        raise NotImplementedError
+
+    def prepared_root(self, data_root: str | None, workers: int = 1) -> Path:
+        """A site's prepared data: `data_root` when given (checked), else the task's embedded synthetic
+        data, built into the cache on first use (`workers` > 1 only from a plain command line, not
+        inside a FLARE site process)."""
         raise NotImplementedError
 
     def load_site(self, cohort: str, device: torch.device, data_root: str | None) -> SiteData:

@@ -45,7 +45,7 @@ DEFAULT_DATA: dict[str, Any] = {
     "image_size": 64,  # the paper: 256
     "model_width": 16,  # channels of ResNet-18's first stage; the paper's network: 64
     "prototype_pooling": "area",  # "sum": the authors' unnormalised masked pooling
-    "synthetic_scale": 0.2,  # fraction of the Table I case counts (at least 3 cases per site); 1.0 = full size
+    "synthetic_scale": 0.3,  # fraction of the Table I case counts (at least 3 cases per site); 1.0 = full size
     "synthetic_seed": 0,
     "synthetic_matrix_scale": 1 / 3,  # in-plane matrix of the generated volumes: 1.0 = the scanners' 384-512 px
     "split_seed": 0,
@@ -86,7 +86,7 @@ class ProstateTask(SegmentationTask):
     def build_model(self) -> torch.nn.Module:
         return DeepLabV2ResNet18(num_classes=self.num_classes, in_channels=1, width=self.data_cfg["model_width"])
 
-    def prepared_root(self, data_root: str | None) -> Path:
+    def prepared_root(self, data_root: str | None, workers: int = 1) -> Path:
         """A site's prepared data: its own root, or the shared synthetic federation (built on first use)."""
         if data_root:
             root = Path(data_root)
@@ -105,6 +105,7 @@ class ProstateTask(SegmentationTask):
                 size=d["image_size"],
                 split_seed=d["split_seed"],
                 matrix_scale=d["synthetic_matrix_scale"],
+                workers=workers,
             )
         )
 

@@ -8,8 +8,7 @@ embedded default. Names are imported lazily so that image worker processes do no
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from prrfl.data.lazy import lazy_exports
 
 _EXPORTS = {
     "CLASS_NAMES": "layout",
@@ -44,16 +43,4 @@ _EXPORTS = {
     "class_counts": "store",
     "ensure_synthetic_federation": "cache",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -8,11 +8,10 @@ splits   check the authors' split files and print their class counts
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 
-from prrfl.errors import EXIT_STATUS, run_command, traceback_option
+from prrfl.data.cli import command_parser, print_prepared, run_main
 from .layout import SITE_NAMES, SPLITS
 
 
@@ -25,17 +24,9 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m prrfl.data.derm",
-        description=__doc__,
-        epilog=EXIT_STATUS,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    common = traceback_option(p)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p, common, add = command_parser(__package__, __doc__)
 
-    s = sub.add_parser("synth", parents=[common], help="write a synthetic raw layout")
+    s = add("synth", parents=[common], help="write a synthetic raw layout")
     s.add_argument("--out", required=True, help="folder to create (must not exist unless --overwrite)")
     s.add_argument("--scale", type=float, default=1.0, help="fraction of the Table I sizes (1.0 = Table I)")
     s.add_argument("--seed", type=int, default=0)
@@ -47,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-distractors", action="store_true", help="omit the rows the loaders must drop")
     s.add_argument("--overwrite", action="store_true")
 
-    q = sub.add_parser("prepare", parents=[common], help="prepare per-site splits from a raw layout")
+    q = add("prepare", parents=[common], help="prepare per-site splits from a raw layout")
     q.add_argument("--raw", required=True, help="folder holding HAM10000_metadata.csv (and ISIC-2017/)")
     q.add_argument("--out", required=True)
     q.add_argument("--size", type=int, default=128)
@@ -62,18 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--sites", nargs="+", default=list(SITE_NAMES), choices=SITE_NAMES)
     q.add_argument("--workers", type=int, default=1)
 
-    a = sub.add_parser("splits", parents=[common], help="validate the authors' split files and print their counts")
+    a = add("splits", parents=[common], help="validate the authors' split files and print their counts")
     a.add_argument("--dir", required=True)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Exit status and error format: prrfl.errors.EXIT_STATUS (the --help epilog)."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
-    return run_command(lambda: _run(args), args.traceback)
+    return run_main(_parser(), _run, argv)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -112,10 +99,7 @@ def _run(args: argparse.Namespace) -> int:
             workers=args.workers,
             allow_missing=args.allow_missing,
         )
-        print(m.table())
-        for w in m.data["warnings"]:
-            print(f"warning: {w}")
-        print(f"prepared {args.out} (config {m.config_hash}) in {time.perf_counter() - t0:.1f} s")
+        print_prepared(m, args.out, t0)
     else:
         from .author_splits import author_split_counts, read_author_splits
 

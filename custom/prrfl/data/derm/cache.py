@@ -2,47 +2,24 @@
 
 Several site processes start at once and all ask for the same data set, so generation runs under
 an exclusive fcntl lock on a per-key lock file: the first caller builds, the others wait and then
-find the finished folder. Folders are published by rename, so an existing `prepared/` is complete.
-POSIX only (fcntl), like the FLARE simulator itself.
+find the finished folder. Folders are published by rename, so an existing `prepared/` is complete
+(prrfl.data.build.cached_federation). POSIX only (fcntl), like the FLARE simulator itself.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
 import logging
-import shutil
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from prrfl.storage import publish_dir, temp_dir_beside
+from prrfl.data.build import cached_federation, federation_key
 from .layout import MANIFEST_NAME, SYNTHETIC_MARKER
 from .plan import GENERATOR_VERSION
 from .prepare import FORMAT, prepare_dermoscopy
 from .synthetic import generate_synthetic
 
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Exclusive inter-process lock held while the block runs (released by the OS if the process dies)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def federation_key(**params: object) -> str:
-    """Short hash naming a cached federation; includes the generator and prepared-format versions."""
-    blob = json.dumps({**params, "generator": GENERATOR_VERSION, "format": FORMAT}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def ensure_synthetic_federation(
@@ -73,31 +50,19 @@ def ensure_synthetic_federation(
         "group_by": group_by,
         "split": [float(f) for f in split],
     }
-    root = Path(cache_root) / f"derm-synth-{federation_key(**params)}"
-    prepared = root / "prepared"
-    if (prepared / MANIFEST_NAME).is_file():
-        return prepared
-    with file_lock(Path(cache_root) / f"derm-synth-{federation_key(**params)}.lock"):
-        if (prepared / MANIFEST_NAME).is_file():
-            log.info("synthetic federation built by another process: %s", prepared)
-            return prepared
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".*.tmp-*"):  # left by a killed builder
-            shutil.rmtree(stale, ignore_errors=True)
-        raw = root / "raw"
-        if not (raw / SYNTHETIC_MARKER).is_file():
-            generate_synthetic(
-                raw, scale=scale, seed=seed, image_size=tuple(params["raw_size"]), workers=workers, overwrite=True
-            )
-        tmp = temp_dir_beside(prepared)
-        try:
-            prepare_dermoscopy(
-                raw, tmp, size=int(size), seed=int(split_seed), split=split, group_by=group_by, workers=workers
-            )
-            publish_dir(tmp, prepared, overwrite=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        (root / "params.json").write_text(json.dumps(params, indent=2) + "\n")
-        log.info("synthetic federation ready: %s", prepared)
-    return prepared
+    key = federation_key(params, generator=GENERATOR_VERSION, prepared_format=FORMAT)
+    return cached_federation(
+        cache_root,
+        f"derm-synth-{key}",
+        params,
+        generate=lambda raw: generate_synthetic(
+            raw, scale=scale, seed=seed, image_size=tuple(params["raw_size"]), workers=workers, overwrite=True
+        ),
+        prepare=lambda raw, out: prepare_dermoscopy(
+            raw, out, size=int(size), seed=int(split_seed), split=split, group_by=group_by, workers=workers
+        ),
+        marker=SYNTHETIC_MARKER,
+        manifest=MANIFEST_NAME,
+        log=log,
+        what="synthetic federation",
+    )

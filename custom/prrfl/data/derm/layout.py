@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from prrfl.data.manifest import MANIFEST_NAME  # noqa: F401 - re-exported (prepared layout)
+
 CLASS_NAMES: tuple[str, ...] = ("nv", "bkl", "mel")
 CLASS_INDEX: dict[str, int] = {name: i for i, name in enumerate(CLASS_NAMES)}
 NUM_CLASSES = len(CLASS_NAMES)
@@ -63,7 +65,6 @@ HAM_COLUMNS: tuple[str, ...] = ("lesion_id", "image_id", "dx", "dx_type", "age",
 ISIC_COLUMNS: tuple[str, ...] = ("image_id", "melanoma", "seborrheic_keratosis")
 
 # Prepared layout: <out_root>/<site>/<split>.npz and <out_root>/manifest.json.
-MANIFEST_NAME = "manifest.json"
 SYNTHETIC_MARKER = "synthetic.json"
 
 

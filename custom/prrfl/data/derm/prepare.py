@@ -17,14 +17,13 @@ import multiprocessing as mp
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from prrfl.storage import atomic_write_bytes
+from prrfl.data.manifest import PreparedManifest, config_hash, write_manifest
 from .author_splits import author_split_path, read_author_splits
 from .images import load_square
 from .layout import (
@@ -54,39 +53,11 @@ RULES = {
 }
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(PreparedManifest):
     """The content of <root>/manifest.json, with accessors."""
 
-    root: Path
-    data: dict[str, Any]
-
-    @classmethod
-    def load(cls, root: str | Path) -> Manifest:
-        path = Path(root) / MANIFEST_NAME
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"no {MANIFEST_NAME} in {root}: not a prepared dermoscopy folder (or preparation did not finish)"
-            )
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot read {path}: {e}") from e
-        if data.get("format") != FORMAT:
-            raise ValueError(f"{path}: field 'format' is {data.get('format')!r}, expected {FORMAT!r}")
-        return cls(Path(root), data)
-
-    @property
-    def config_hash(self) -> str:
-        return self.data["config_hash"]
-
-    @property
-    def size(self) -> int:
-        return int(self.data["config"]["size"])
-
-    @property
-    def sites(self) -> list[str]:
-        return list(self.data["sites"])
+    FORMAT = FORMAT
+    KIND = "dermoscopy"
 
     def counts(self, site_name: str, split: str) -> tuple[int, ...]:
         c = self.data["sites"][site_name]["splits"][split]["counts"]
@@ -102,10 +73,6 @@ class Manifest:
                 cells.append(f"{'/'.join(map(str, c))} = {sum(c)}")
             lines.append(f"{s:<5}{(info['cohort'] or 'isic2017'):<15}" + "".join(f"{c:>22}" for c in cells))
         return "\n".join(lines)
-
-
-def _config_hash(config: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _file_digest(paths: Sequence[Path]) -> str:
@@ -289,7 +256,7 @@ def prepare_dermoscopy(
     manifest = {
         "format": FORMAT,
         "config": config,
-        "config_hash": _config_hash(config),
+        "config_hash": config_hash(config),
         "classes": list(CLASS_NAMES),
         "image_layout": "uint8 [N,3,S,S] RGB, centre square crop of the shorter side, bicubic resize",
         "split_rules": {k: RULES[k] for k in sorted({v[2] for v in plan.values()})},
@@ -301,6 +268,6 @@ def prepare_dermoscopy(
         "sites": sites_info,
         "warnings": warnings + more,
     }
-    atomic_write_bytes(out_root / MANIFEST_NAME, (json.dumps(manifest, indent=2) + "\n").encode())
+    write_manifest(out_root, manifest)
     log.info("prepared %d site(s) at %d px into %s in %.1f s", len(sites), size, out_root, time.perf_counter() - t0)
     return Manifest(out_root, manifest)

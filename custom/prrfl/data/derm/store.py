@@ -1,19 +1,19 @@
 """Prepared splits on disk: <root>/<site>/<split>.npz with images uint8 [N,3,S,S], labels int64 [N], ids.
 
-npz (uncompressed) because it is plain numpy, loads without pickle, memory-maps nothing surprising
-and needs no extra dependency; a split is read once per process and moved to the device whole.
+npz (uncompressed, prrfl.data.npz) because it is plain numpy, loads without pickle, memory-maps
+nothing surprising and needs no extra dependency; a split is read once per process and moved to
+the device whole.
 """
 
 from __future__ import annotations
 
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from prrfl.storage import atomic_write
+from prrfl.data.npz import load_npz, save_npz
 from .layout import NUM_CLASSES, SPLITS
 
 NPZ_KEYS = ("images", "labels", "image_ids", "lesion_ids")
@@ -47,7 +47,7 @@ def save_split(path: Path, images: np.ndarray, labels: np.ndarray, image_ids: li
         "image_ids": np.asarray(image_ids, dtype=str),
         "lesion_ids": np.asarray(lesion_ids, dtype=str),
     }
-    return atomic_write(path, lambda f: np.savez(f, **arrays))
+    return save_npz(path, arrays)
 
 
 def _validate(path: Path, images: np.ndarray, labels: np.ndarray, ids: np.ndarray, lesions: np.ndarray) -> None:
@@ -68,16 +68,7 @@ def _validate(path: Path, images: np.ndarray, labels: np.ndarray, ids: np.ndarra
 def load_split(root: str | Path, site: str, split: str) -> DermSplit:
     """Read and validate <root>/<site>/<split>.npz; missing or corrupt files raise errors naming the file."""
     path = split_path(root, site, split)
-    if not path.is_file():
-        raise FileNotFoundError(f"prepared split not found: {path} (run `python -m prrfl.data.derm prepare` first)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in NPZ_KEYS if k in z.files}
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:  # np.load says ValueError for non-npz bytes
-        raise ValueError(f"cannot read prepared split {path}: {e}") from e
-    missing = [k for k in NPZ_KEYS if k not in arrays]
-    if missing:
-        raise ValueError(f"{path}: missing array(s) {missing}")
+    arrays = load_npz(path, NPZ_KEYS, command="python -m prrfl.data.derm prepare")
     _validate(path, arrays["images"], arrays["labels"], arrays["image_ids"], arrays["lesion_ids"])
     return DermSplit(
         images=torch.from_numpy(arrays["images"]),

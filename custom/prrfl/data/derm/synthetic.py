@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 from threadpoolctl import threadpool_limits
 
-from prrfl.storage import publish_dir, temp_dir_beside
+from prrfl.data.build import build_dir
 from .acquisition import SITE_PROFILES, acquire
 from .layout import (
     CLASS_INDEX,
@@ -146,8 +146,8 @@ def generate_synthetic(
         metadata_dir=Path(metadata_dir) if metadata_dir else None,
     )
     out = Path(out)
-    tmp = temp_dir_beside(out)
-    try:
+
+    def write(tmp: Path) -> dict:
         (tmp / layout.ham_images).mkdir()
         (tmp / layout.isic_dir / layout.isic_images).mkdir(parents=True)
         _write_tables(tmp, items, layout)
@@ -169,12 +169,9 @@ def generate_synthetic(
             "metadata_dir": str(metadata_dir) if metadata_dir else None,
         }
         (tmp / SYNTHETIC_MARKER).write_text(json.dumps(info, indent=2) + "\n")
-        publish_dir(tmp, out, overwrite=overwrite)
-    except BaseException:
-        import shutil
+        return info
 
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    info = build_dir(out, write, overwrite=overwrite)
     log.info(
         "synthetic dermoscopy: %d images %dx%d written to %s in %.1f s",
         len(items),

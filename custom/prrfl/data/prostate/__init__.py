@@ -9,8 +9,7 @@ Names are imported lazily, so that reading the raw layout needs neither torch no
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from prrfl.data.lazy import lazy_exports
 
 _EXPORTS = {
     "SITES": "layout",
@@ -41,16 +40,4 @@ _EXPORTS = {
     "ensure_synthetic_prostate": "cache",
     "write_previews": "preview",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

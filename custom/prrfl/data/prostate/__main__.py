@@ -8,26 +8,17 @@ preview  one PNG per site: axial slices of a few cases with the prostate mask ou
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 
-from prrfl.errors import EXIT_STATUS, run_command, traceback_option
+from prrfl.data.cli import command_parser, print_prepared, run_main
 from .layout import SITE_NAMES, TABLE_SITES
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m prrfl.data.prostate",
-        description=__doc__,
-        epilog=EXIT_STATUS,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    common = traceback_option(p)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p, common, add = command_parser(__package__, __doc__)
 
-    s = sub.add_parser("synth", parents=[common], help="write a synthetic raw layout")
+    s = add("synth", parents=[common], help="write a synthetic raw layout")
     s.add_argument("--out", required=True, help="folder to create (must not exist unless --overwrite)")
     s.add_argument("--scale", type=float, default=1.0, help="fraction of the Table I case counts (1.0 = Table I)")
     s.add_argument("--seed", type=int, default=0)
@@ -37,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=1, help="processes rendering cases (full-size sets)")
     s.add_argument("--overwrite", action="store_true")
 
-    q = sub.add_parser("prepare", parents=[common], help="prepare per-site splits from a raw layout")
+    q = add("prepare", parents=[common], help="prepare per-site splits from a raw layout")
     q.add_argument("--raw", required=True, help="folder holding one folder per site")
     q.add_argument("--out", required=True)
     q.add_argument("--size", type=int, default=256, help="slice side in pixels after resizing")
@@ -47,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         "--sites", nargs="+", default=None, choices=SITE_NAMES, help="default: Table I sites (+ I2CVB if present)"
     )
 
-    v = sub.add_parser("preview", parents=[common], help="write a PNG per site to look at")
+    v = add("preview", parents=[common], help="write a PNG per site to look at")
     v.add_argument("--raw", required=True)
     v.add_argument("--out", required=True, help="folder for <site>.png")
     v.add_argument("--cases", type=int, default=2, help="cases per site (rows)")
@@ -58,11 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit status and error format: prrfl.errors.EXIT_STATUS (the --help epilog)."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
-    return run_command(lambda: _run(args), args.traceback)
+    return run_main(_parser(), _run, argv)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -92,10 +79,7 @@ def _run(args: argparse.Namespace) -> int:
         from .prepare import prepare_prostate
 
         m = prepare_prostate(args.raw, args.out, size=args.size, seed=args.seed, split=args.split, sites=args.sites)
-        print(m.table())
-        for w in m.data["warnings"]:
-            print(f"warning: {w}")
-        print(f"prepared {args.out} (config {m.config_hash}) in {time.perf_counter() - t0:.1f} s")
+        print_prepared(m, args.out, t0)
     else:
         from .preview import write_previews
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from prrfl.data.manifest import MANIFEST_NAME  # noqa: F401 - re-exported (prepared layout)
+
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
 
 
@@ -48,7 +50,6 @@ MASK_TAGS: tuple[str, ...] = ("_segmentation", "_Segmentation")
 CASE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 # Prepared layout: <out_root>/<site>/<split>.npz and <out_root>/manifest.json
-MANIFEST_NAME = "manifest.json"
 SYNTHETIC_MARKER = "synthetic.json"  # written by the generator at the raw root
 
 

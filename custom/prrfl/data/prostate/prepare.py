@@ -17,19 +17,17 @@ manifest.json last, after removing any old one first: a folder with a manifest i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from prrfl.data.derm.splitting import check_fractions
-from prrfl.storage import atomic_write_bytes
+from prrfl.data.manifest import PreparedManifest, config_hash, write_manifest
 from .layout import MANIFEST_NAME, SPLITS, SYNTHETIC_MARKER, site
 from .reader import CaseFiles, ProstateCase, list_sites, load_case, to_display
 from .splitting import patient_split
@@ -46,39 +44,11 @@ SPLIT_RULE = (
 )
 
 
-@dataclass(frozen=True)
-class ProstateManifest:
+class ProstateManifest(PreparedManifest):
     """The content of <root>/manifest.json, with accessors."""
 
-    root: Path
-    data: dict[str, Any]
-
-    @classmethod
-    def load(cls, root: str | Path) -> ProstateManifest:
-        path = Path(root) / MANIFEST_NAME
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"no {MANIFEST_NAME} in {root}: not a prepared prostate folder (or preparation did not finish)"
-            )
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot read {path}: {e}") from e
-        if data.get("format") != FORMAT:
-            raise ValueError(f"{path}: field 'format' is {data.get('format')!r}, expected {FORMAT!r}")
-        return cls(Path(root), data)
-
-    @property
-    def config_hash(self) -> str:
-        return self.data["config_hash"]
-
-    @property
-    def size(self) -> int:
-        return int(self.data["config"]["size"])
-
-    @property
-    def sites(self) -> list[str]:
-        return list(self.data["sites"])
+    FORMAT = FORMAT
+    KIND = "prostate"
 
     def cases(self, site_name: str, split: str) -> list[str]:
         return list(self.data["sites"][site_name]["splits"][split]["cases"])
@@ -143,10 +113,6 @@ def prepare_case(case: ProstateCase, size: int) -> tuple[np.ndarray, np.ndarray]
     mask = resize_slices(mask, size, nearest=True)
     images = np.clip(np.rint(image * 255.0), 0, 255).astype(np.uint8)[:, None]
     return images, (mask > 0.5).astype(np.uint8)
-
-
-def _config_hash(config: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _prepare_site(
@@ -249,7 +215,7 @@ def prepare_prostate(
     manifest = {
         "format": FORMAT,
         "config": config,
-        "config_hash": _config_hash(config),
+        "config_hash": config_hash(config),
         "image_layout": "images uint8 [N,1,S,S] = round(255 x normalised slice); masks uint8 [N,S,S] in {0,1}; "
         "case_ids str [N]; slice_index int64 [N]",
         "orientation": "axial slices, radiological view: row 0 anterior, column 0 the patient's right; "
@@ -261,6 +227,6 @@ def prepare_prostate(
         "sites": sites_info,
         "warnings": warnings,
     }
-    atomic_write_bytes(out_root / MANIFEST_NAME, (json.dumps(manifest, indent=2) + "\n").encode())
+    write_manifest(out_root, manifest)
     log.info("prepared %d site(s) at %d px into %s in %.1f s", len(listing), size, out_root, time.perf_counter() - t0)
     return ProstateManifest(out_root, manifest)

@@ -9,14 +9,13 @@ loaded without pickle.
 
 from __future__ import annotations
 
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from prrfl.storage import atomic_write
+from prrfl.data.npz import load_npz, save_npz
 from .layout import SPLITS
 
 NPZ_KEYS = ("images", "masks", "case_ids", "slice_index")
@@ -99,22 +98,13 @@ def save_split(path: Path, images: np.ndarray, masks: np.ndarray, case_ids: list
         arrays["images"] = images.reshape(0, 1, size, size)
         arrays["masks"] = masks.reshape(0, size, size)
     _validate(path, arrays["images"], arrays["masks"], arrays["case_ids"], arrays["slice_index"])
-    return atomic_write(path, lambda f: np.savez(f, **arrays))
+    return save_npz(path, arrays)
 
 
 def load_split(root: str | Path, site_name: str, split: str) -> ProstateSplit:
     """Read and validate <root>/<site>/<split>.npz; missing or corrupt files raise errors naming the file."""
     path = split_path(root, site_name, split)
-    if not path.is_file():
-        raise FileNotFoundError(f"prepared split not found: {path} (run `python -m prrfl.data.prostate prepare` first)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in NPZ_KEYS if k in z.files}
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:  # np.load says ValueError for non-npz bytes
-        raise ValueError(f"cannot read prepared split {path}: {e}") from e
-    missing = [k for k in NPZ_KEYS if k not in arrays]
-    if missing:
-        raise ValueError(f"{path}: missing array(s) {missing}; expected {list(NPZ_KEYS)}")
+    arrays = load_npz(path, NPZ_KEYS, command="python -m prrfl.data.prostate prepare", list_expected=True)
     _validate(path, arrays["images"], arrays["masks"], arrays["case_ids"], arrays["slice_index"])
     return ProstateSplit(
         images=torch.from_numpy(arrays["images"]),

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
-from prrfl.storage import publish_dir, temp_dir_beside
+from prrfl.data.build import build_dir
 from .anatomy import Anatomy, Grid, render, sample_anatomy
 from .layout import SITE_NAMES, SYNTHETIC_MARKER, TABLE_SITES, site
 from .scanner import SCANNER_PROFILES, ScannerProfile, acquire
@@ -223,8 +222,8 @@ def generate_synthetic_prostate(
     raw_root = Path(raw_root)
     if raw_root.exists() and not overwrite:
         raise FileExistsError(f"{raw_root} already exists (pass overwrite=True to replace it)")
-    tmp = temp_dir_beside(raw_root)
-    try:
+
+    def write(tmp: Path) -> dict:
         tasks = []
         for s in names:
             (tmp / s).mkdir()
@@ -248,10 +247,9 @@ def generate_synthetic_prostate(
             "cases": cases,
         }
         (tmp / SYNTHETIC_MARKER).write_text(json.dumps(info, indent=2) + "\n")
-        publish_dir(tmp, raw_root, overwrite=overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        return info
+
+    info = build_dir(raw_root, write, overwrite=overwrite)
     log.info(
         "synthetic prostate: %d cases at %d site(s) written to %s in %.1f s",
         sum(counts.values()),
