@@ -26,7 +26,7 @@ from prrfl.data.prostate.layout import MANIFEST_NAME, TABLE_SITES
 from prrfl.data.prostate.store import split_path
 from prrfl.models.deeplab import DeepLabV2ResNet18
 from prrfl.tasks.base import SiteData, Split
-from prrfl.tasks.segmentation import POOLINGS, SegmentationTask
+from prrfl.tasks.segmentation import SegmentationTask
 
 
 class ProstateData(TypedDict):
@@ -78,7 +78,6 @@ class ProstateTask(SegmentationTask):
         for key, (ok, expected) in rules.items():
             if not ok:
                 raise config_error(f"prostate data option '{key}'", expected, d[key], f"data.{key}")
-        assert d["prototype_pooling"] in POOLINGS  # the Literal annotation was checked above
         self.image_size = d["image_size"]
         self.prototype_pooling = d["prototype_pooling"]
         self.augment = SliceAugment()
