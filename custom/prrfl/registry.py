@@ -18,6 +18,7 @@ def _tasks() -> dict[str, type[Task]]:
 
 def _methods() -> dict[str, type[Method]]:
     from prrfl.methods.apfl import APFL
+    from prrfl.methods.fca import FCA
     from prrfl.methods.fedavg import FedAvg, FedBN, FedProx, SiloBN
     from prrfl.methods.fedproto import FedProto
     from prrfl.methods.fml import FML
@@ -27,7 +28,7 @@ def _methods() -> dict[str, type[Method]]:
     from prrfl.methods.prr import PRR
     from prrfl.methods.prr_variants import PRRFL, FedeAMC, FedFocal
 
-    classes = (PRR, PRRFL, FedAvg, FedProx, SiloBN, IDA, FedBN, FedProto, FML, PerFedAvg, PFedMe, APFL, FedeAMC, FedFocal)
+    classes = (PRR, PRRFL, FedAvg, FedProx, SiloBN, IDA, FedBN, FedProto, FML, PerFedAvg, PFedMe, APFL, FedeAMC, FedFocal, FCA)
     return {cls.name: cls for cls in classes}
 
 

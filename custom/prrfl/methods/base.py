@@ -84,6 +84,11 @@ class Method:
             return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
+    def lr_at(self, epoch: int) -> float:
+        """The learning rate of a global epoch index (round * local_epochs + local epoch): the config's
+        step schedule, unless a method brings its own."""
+        return self.cfg.lr_at(epoch)
+
     @functools.cached_property
     def reference_model(self) -> torch.nn.Module:
         """A model of the method's architecture for its keys and shapes (weights not meaningful),

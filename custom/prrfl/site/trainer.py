@@ -33,7 +33,7 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
         step = round_idx * cfg.local_epochs + epoch  # global epoch index: the x axis of every curve
         for opt in site.optimizers.values():
             for group in opt.param_groups:
-                group["lr"] = cfg.lr_at(step)
+                group["lr"] = method.lr_at(step)
         method.before_epoch(site, epoch)
         tick = time.perf_counter()
         losses = train_epoch(site)
@@ -41,7 +41,7 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
         method.after_epoch(site, epoch)
         for role, value in losses.items():
             site.log_scalar(f"loss/{role}", value, step)
-        site.log_scalar("lr", cfg.lr_at(step), step)
+        site.log_scalar("lr", method.lr_at(step), step)
         if cfg.eval_test_every_epoch:
             test = site.evaluate(method.eval_role, "test")
             site.history.append({"kind": "epoch", "round": round_idx, "epochs_done": step + 1, "test": test})
