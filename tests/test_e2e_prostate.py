@@ -11,8 +11,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from prrfl.config import RunConfig
-from prrfl.flare.jobs import export_job, job_config
-from test_e2e_simulator import run_simulator
+from prrfl.flare.jobs import job_config
+from test_e2e_simulator import finished_simulation
 
 pytestmark = pytest.mark.e2e
 
@@ -21,12 +21,8 @@ TINY_PROSTATE = {"image_size": 32, "model_width": 4, "synthetic_scale": 0.1, "sy
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e_prostate")
     cfg = RunConfig.from_dict({**job_config("prostate_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_PROSTATE})
-    job = export_job("prostate_prr", root / "jobs", cfg=cfg)
-    proc = run_simulator(job, root / "ws", sites=2, cache=root / "cache")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return root / "ws", proc
+    return finished_simulation(tmp_path_factory.mktemp("e2e_prostate"), "prostate_prr", cfg)
 
 
 def test_every_site_reports_volume_dice_and_iou(finished_run):

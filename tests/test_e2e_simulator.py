@@ -25,13 +25,17 @@ def run_simulator(job: Path, workspace: Path, sites: int, cache: Path) -> subpro
     return subprocess.run(simulator_command(job, workspace, sites), env=env, capture_output=True, text=True, timeout=420)
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
-    job = export_job("derm_prr", root / "jobs", cfg=tiny_derm_config())
-    proc = run_simulator(job, root / "ws", sites=2, cache=root / "cache")
+def finished_simulation(root: Path, name: str, cfg, sites: int = 2) -> tuple[Path, subprocess.CompletedProcess]:
+    """Export job `name` with `cfg` under `root` and run it to the end in the simulator (exit 0 asserted)."""
+    job = export_job(name, root / "jobs", cfg=cfg)
+    proc = run_simulator(job, root / "ws", sites=sites, cache=root / "cache")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return root / "ws", proc
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    return finished_simulation(tmp_path_factory.mktemp("e2e"), "derm_prr", tiny_derm_config())
 
 
 def test_sites_and_server_write_results(finished_run):

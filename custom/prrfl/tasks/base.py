@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from prrfl.data.manifest import MANIFEST_NAME
+
 
 @dataclass
 class Split:
@@ -82,6 +84,16 @@ class Task:
         """The task's network: forward(x) -> (logits [B, C, ...], embedding), and a `classifier_key`
         attribute naming the state-dict key of its last classifier layer."""
         raise NotImplementedError
+
+    def given_root(self, data_root: str) -> Path:
+        """A site's own prepared data folder, which must hold the manifest that preparation writes."""
+        root = Path(data_root)
+        if not (root / MANIFEST_NAME).exists():
+            raise FileNotFoundError(
+                f"data root {root} has no {MANIFEST_NAME}: prepare the raw data first "
+                f"(python -m prrfl.data.{self.name} prepare --raw <raw> --out <root>)"
+            )
+        return root
 
     def prepared_root(self, data_root: str | None, workers: int = 1) -> Path:
         """A site's prepared data: `data_root` when given (checked), else the task's embedded synthetic

@@ -86,13 +86,7 @@ class DermTask(ClassificationTask):
         """A site's prepared data: its own root, or the shared synthetic federation (built on first
         use; `workers` > 1 only from a plain command line, not inside a FLARE site process)."""
         if data_root:
-            root = Path(data_root)
-            if not (root / "manifest.json").exists():
-                raise FileNotFoundError(
-                    f"data root {root} has no manifest.json: prepare the raw data first "
-                    "(python -m prrfl.data.derm prepare --raw <raw> --out <root>)"
-                )
-            return root
+            return self.given_root(data_root)
         d = self.data_cfg
         return Path(
             ensure_synthetic_federation(

@@ -22,7 +22,7 @@ import torch
 from prrfl.config import check_options, config_error
 from prrfl.data.augment import SliceAugment, normalize
 from prrfl.data.prostate import ensure_synthetic_prostate, load_split
-from prrfl.data.prostate.layout import MANIFEST_NAME, TABLE_SITES
+from prrfl.data.prostate.layout import TABLE_SITES
 from prrfl.data.prostate.store import split_path
 from prrfl.models.deeplab import DeepLabV2ResNet18
 from prrfl.tasks.base import SiteData, Split
@@ -88,13 +88,7 @@ class ProstateTask(SegmentationTask):
     def prepared_root(self, data_root: str | None, workers: int = 1) -> Path:
         """A site's prepared data: its own root, or the shared synthetic federation (built on first use)."""
         if data_root:
-            root = Path(data_root)
-            if not (root / MANIFEST_NAME).exists():
-                raise FileNotFoundError(
-                    f"data root {root} has no {MANIFEST_NAME}: prepare the raw data first "
-                    "(python -m prrfl.data.prostate prepare --raw <raw> --out <root>)"
-                )
-            return root
+            return self.given_root(data_root)
         d = self.data_cfg
         return Path(
             ensure_synthetic_prostate(
