@@ -186,6 +186,11 @@ def batchnorm_keys(module: nn.Module) -> set[str]:
     return keys
 
 
+def batchnorm_statistics_keys(module: nn.Module) -> set[str]:
+    """The running statistics among `batchnorm_keys` (running_mean, running_var, num_batches_tracked)."""
+    return {k for k in batchnorm_keys(module) if k.rpartition(".")[2] in _BN_BUFFERS}
+
+
 def guess_batchnorm_keys(keys: Iterable[str]) -> set[str]:
     """BatchNorm keys found from names alone (state dicts carry no layer types).
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prrfl.algorithms.det import kl_distillation
-from prrfl.algorithms.pfa import batchnorm_keys
+from prrfl.algorithms.pfa import batchnorm_statistics_keys
 from prrfl.methods.fedavg import FedAvg
 from prrfl.tasks.classification import ClassificationTask
 
@@ -127,7 +127,7 @@ class FCA(FedAvg):
     def local_keys(self, model: nn.Module) -> set[str]:
         keys = {k for k in model.state_dict() if k.startswith("personal_head.")}
         if self.bn_statistics == "local":
-            keys |= {k for k in batchnorm_keys(model) if k.rpartition(".")[2] in ("running_mean", "running_var", "num_batches_tracked")}
+            keys |= batchnorm_statistics_keys(model)
         return keys
 
     def losses(self, site: "SiteRuntime", targets, outputs):

@@ -7,15 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prrfl.algorithms.pfa import batchnorm_keys
+from prrfl.algorithms.pfa import batchnorm_keys, batchnorm_statistics_keys
 from prrfl.messages import Download, Upload
 from prrfl.methods import aggregation
 from prrfl.methods.base import Method
 
 if TYPE_CHECKING:
     from prrfl.site.state import SiteRuntime
-
-_BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
 
 class FedAvg(Method):
@@ -117,4 +115,4 @@ class SiloBN(FedAvg):
     name = "silobn"
 
     def local_keys(self, model: torch.nn.Module) -> set[str]:
-        return {k for k in batchnorm_keys(model) if k.rpartition(".")[2] in _BN_BUFFERS}
+        return batchnorm_statistics_keys(model)
