@@ -52,6 +52,22 @@ def test_sites_and_server_write_results(finished_run):
     assert "| **mean** |" in proc.stdout + proc.stderr  # the job prints the per-site table
 
 
+def test_prr_has_no_global_model_so_each_sites_model_scores_generalization(finished_run):
+    from prrfl.crosseval import write_crosseval
+
+    ws, _ = finished_run
+    assert json.loads((ws / "server/simulate_job/results.json").read_text())["global_model"] is None
+    [path] = write_crosseval(ws)
+    result = json.loads(path.read_text())
+    gen = result["generalization"]
+    assert gen["model"] == "sites" and set(gen["per_site"]) == {"site-1", "site-2"}
+    assert gen["values"]["bacc"] == pytest.approx((gen["per_site"]["site-1"]["bacc"] + gen["per_site"]["site-2"]["bacc"]) / 2)
+    for site in ("site-1", "site-2"):
+        reported = json.loads((ws / site / "prrfl/derm_prr/results.json").read_text())["best"]["test"]
+        assert result["cross_site"][site][site] == reported  # the reported model, re-evaluated: the same numbers
+        assert result["specialization"]["per_site"][site] == {"bacc": reported["bacc"], "auc": reported["auc"]}
+
+
 def test_each_site_gets_its_own_pfa_download(finished_run):
     ws, _ = finished_run
     state = torch.load(ws.with_name("ws.state") / "server/derm_prr/server_state.pt", weights_only=False)

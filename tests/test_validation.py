@@ -118,7 +118,7 @@ def test_min_sites_refuses_other_values(value):
 # ----- task and method names, method options -----------------------------------------------------------------
 def test_task_and_method_names_come_from_the_registry():
     assert refused({"method": "fedavgg"}).endswith("got 'fedavgg' (did you mean 'fedavg'?)")
-    assert refused({"method": "fedavgg"}).startswith("config field 'method' must be one of ['apfl', 'fca', 'fedavg',")
+    assert refused({"method": "fedavgg"}).startswith("config field 'method' must be one of ['apfl', 'fca', 'fedavg', 'fedbn', 'fedeamc', 'fedfocal', 'fedproto', 'fedprox', 'fml', 'harmofl',")
     assert refused({"task": "skin"}) == "config field 'task' must be one of ['derm', 'prostate'], got 'skin'"
 
 

@@ -128,6 +128,16 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _crosseval(args: argparse.Namespace) -> int:
+    from prrfl.crosseval import summary_line, write_crosseval
+
+    for ws in args.workspaces:
+        for path in write_crosseval(ws, args.device):
+            result = load_json(path)
+            print(f"{result['method']} seed {result['seed']}: {summary_line(result)} ({path})")
+    return 0
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from prrfl.sweep import sweep
 
@@ -180,6 +190,12 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--curves", help="comma-separated methods to plot per-epoch curves of (default: all reported)")
     report.add_argument("--task", help="the task to report when the workspaces hold runs of several")
     report.set_defaults(func=_report)
+    crosseval = sub.add_parser(
+        "crosseval", parents=[common], help="FCA's generalization/specialization protocol and the cross-site matrix of finished simulator runs"
+    )
+    crosseval.add_argument("workspaces", nargs="+", help="simulator workspaces; writes <workspace>/prrfl/<run>/crosseval.json")
+    crosseval.add_argument("--device", default="cpu", help="torch device of the evaluation (default: cpu)")
+    crosseval.set_defaults(func=_crosseval)
     sweep = sub.add_parser("sweep", parents=[common], help="run methods x seeds in the simulator one after another, then the report")
     sweep.add_argument("--methods", required=True, help="comma-separated methods; each runs its job <task>_<method>")
     sweep.add_argument("--task", default="derm", help="the task of every run (default: derm)")

@@ -22,13 +22,14 @@ def _methods() -> dict[str, type[Method]]:
     from prrfl.methods.fedavg import FedAvg, FedBN, FedProx, SiloBN
     from prrfl.methods.fedproto import FedProto
     from prrfl.methods.fml import FML
+    from prrfl.methods.harmofl import HarmoFL
     from prrfl.methods.ida import IDA
     from prrfl.methods.perfedavg import PerFedAvg
     from prrfl.methods.pfedme import PFedMe
     from prrfl.methods.prr import PRR
     from prrfl.methods.prr_variants import PRRFL, FedeAMC, FedFocal
 
-    classes = (PRR, PRRFL, FedAvg, FedProx, SiloBN, IDA, FedBN, FedProto, FML, PerFedAvg, PFedMe, APFL, FedeAMC, FedFocal, FCA)
+    classes = (PRR, PRRFL, FedAvg, FedProx, SiloBN, IDA, FedBN, FedProto, FML, PerFedAvg, PFedMe, APFL, FedeAMC, FedFocal, FCA, HarmoFL)
     return {cls.name: cls for cls in classes}
 
 

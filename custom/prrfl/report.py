@@ -508,6 +508,56 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+# ----- FCA's generalization / specialization protocol ----------------------------------------
+PROTOCOL_LABELS = {"auc": "bAUC"}  # FCA's name: the mean one-vs-rest AUC over the classes present
+GENERALIZATION_MODELS = {"global": "global model (last round)", "sites": "each site's model, mean over sites"}
+
+
+def protocol_results(results: Sequence[SiteResult]) -> list[dict[str, Any]]:
+    """Each run's crosseval.json (`prrfl.crosseval`, written by `prrfl sweep` and `prrfl crosseval`),
+    computed here for a run that has none yet; a run that cannot be evaluated (its models or data are not
+    on this machine) is left out with a warning."""
+    from prrfl.crosseval import CROSSEVAL_FILE, write_crosseval
+
+    found: dict[str, dict[str, Any] | None] = {}
+    for r in results:
+        if r.run_id in found:
+            continue
+        workspace = r.path.parents[3]  # <workspace>/<site>/prrfl/<run_name>/results.json
+        path = workspace / "prrfl" / r.path.parent.name / CROSSEVAL_FILE
+        if not path.exists():
+            try:
+                write_crosseval(workspace)
+            except (OSError, ValueError, RuntimeError, KeyError) as e:
+                log.warning("run %s (%s): no generalization/specialization evaluation: %s", r.run_id, workspace, e)
+        found[r.run_id] = load_json(path) if path.exists() else None
+    return [p for p in found.values() if p is not None]
+
+
+def protocol_table(protocols: Sequence[dict[str, Any]], methods: Sequence[str], metrics: Sequence[str]) -> str:
+    """FCA's Table 4 layout: per method, generalization and specialization, mean ± std over seeds."""
+    names = [PROTOCOL_LABELS.get(m, label(m)) for m in metrics]
+    header = ["method", "seeds", "generalization scored by"] + [f"Gen {n}" for n in names] + [f"Spec {n}" for n in names]
+    body = []
+    for method in methods:
+        runs = [p for p in protocols if p["method"] == method]
+        if not runs:
+            continue
+        scored_by = "; ".join(sorted({GENERALIZATION_MODELS[p["generalization"]["model"]] for p in runs}))
+        cells = [method, str(len({p["seed"] for p in runs})), scored_by]
+        for part in ("generalization", "specialization"):
+            cells += [mean_std([p[part]["values"][m] for p in runs]) for m in metrics]
+        body.append(cells)
+    note = (
+        f"FCA's protocol, in percent. Spec: each site's model at its best validation round on its own test split, "
+        f"mean over the sites. Gen: the test splits of all sites pooled, scored by the method's global model after "
+        f"the last round when it has one, else by each site's model (mean over the sites). "
+        + ("bAUC: the mean one-vs-rest AUC over the classes present (Table II's AUC). " if "auc" in metrics else "")
+        + "With several seeds: mean ± sample std over seeds. The cross-site matrices are in each run's crosseval.json."
+    )
+    return _markdown(header, body) + "\n\n" + note
+
+
 # ----- the report --------------------------------------------------------------------------
 def build_report(
     workspaces: Sequence[str | Path],
@@ -549,6 +599,10 @@ def build_report(
     if facts.ood_cohort and facts.ood_scored_by:
         table = table_x(rows, order, facts.ood_scored_by, metrics)
         sections.append(f"## Table X: out-of-distribution cohort, site {facts.ood_scored_by}'s model\n\n{table}\n")
+    protocols = protocol_results(results)
+    if protocols:
+        table = protocol_table(protocols, order, facts.protocol_metrics)
+        sections.append(f"## Generalization and specialization (FCA's protocol, its Table 4 layout)\n\n{table}\n")
     sections += [
         f"## Retrogress after communication\n\n{retrogress_table(summary, primary)}\n",
         "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n",

@@ -8,6 +8,7 @@ prrfl.report, exactly as `prrfl report` does for hand-made runs. Layout under th
     jobs/<method>_s<seed>/<task>_<method>/ the job that ran (its config is the record of the run)
     <method>_s<seed>/                      the simulator workspace
     <method>_s<seed>.log                   the simulator's output
+    <method>_s<seed>/prrfl/<run>/crosseval.json   FCA's generalization/specialization protocol (prrfl.crosseval)
     report/                                report.md, results_long.csv, retrogress.csv, PNGs
 
 All jobs are exported before the first run starts, so an unknown method or a bad override fails in
@@ -36,9 +37,11 @@ from typing import Callable, Sequence
 
 from prrfl.cli import apply_overrides, validated
 from prrfl.config import RunConfig
+from prrfl.crosseval import summary_line, write_crosseval
 from prrfl.errors import CommandFailed
 from prrfl.flare.jobs import export_job, job_config
 from prrfl.report import SiteResult, build_report
+from prrfl.storage import load_json
 
 Runner = Callable[[list[str], Path], int]  # (command, log file) -> exit status
 
@@ -134,6 +137,11 @@ def sweep(
         if done < sites:
             raise SweepError(f"run {run.name}: only {done} of {sites} sites finished all {run.cfg.num_rounds} rounds; see {run.log}")
         print(f"[{i}/{len(runs)}] {run.name}: done in {time.perf_counter() - tick:.0f} s", flush=True)
+        try:  # FCA's protocol, while the run's files are at hand; the report computes what is missing
+            for path in write_crosseval(run.workspace):
+                print(f"[{i}/{len(runs)}] {run.name}: {summary_line(load_json(path))}", flush=True)
+        except (OSError, ValueError, RuntimeError) as e:
+            print(f"[{i}/{len(runs)}] {run.name}: no generalization/specialization evaluation: {e}", flush=True)
     report = build_report([run.workspace for run in runs], root / "report", methods=list(methods), task=task)
     print(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; report: {report}", flush=True)
     return report

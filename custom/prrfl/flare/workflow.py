@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 STATE_FILE = "server_state.pt"
 PREVIOUS_STATE_FILE = "server_state.previous.pt"
+GLOBAL_MODEL_FILE = "global_model.pt"  # the method's global model after the last round, when it has one
 RESUME_MODES = (False, True, AUTO)
 
 
@@ -186,7 +187,7 @@ class PersonalizedWorkflow(ModelController):
             self._save_state(state, state_dir)
             self._log_round(round_idx, summaries, task.primary_metric)
 
-        self._finish(state, state_dir, task)
+        self._finish(state, state_dir, task, method)
 
     # ----- setup -----------------------------------------------------------------------
     def _state_dir(self) -> Path:
@@ -368,10 +369,16 @@ class PersonalizedWorkflow(ModelController):
                 parts.append(f"{site} {metric}={last[metric]:.1f}")
         self.info(f"round {round_idx} done; test of the personalized models: " + ", ".join(parts))
 
-    def _finish(self, state: dict[str, Any], state_dir: Path, task: Task) -> None:
+    def _finish(self, state: dict[str, Any], state_dir: Path, task: Task, method: Method) -> None:
         rounds = participation(state["history"], list(state["site_counts"]))
         sites = {s: {**state["summaries"].get(s, {}), "participation": rounds[s]} for s in state["site_counts"]}
-        results = {"run_id": state["run_id"], "config": state["config"], "sites": sites}
+        results = {"run_id": state["run_id"], "config": state["config"], "sites": sites, "global_model": None}
+        if state["history"]:  # the method's global model after the last round (prrfl.crosseval evaluates it)
+            last = state["history"][-1]
+            params = method.global_params({s: state["downloads"][s] for s in last["sites"]})
+            if params is not None:
+                save_torch(params, state_dir / GLOBAL_MODEL_FILE)
+                results["global_model"] = {"file": str(state_dir / GLOBAL_MODEL_FILE), "round": last["round"]}
         table = results_table(sites, metrics=task.metric_names[:2])
         for folder in (state_dir, Path(self.get_run_dir())):
             save_json(results, folder / "results.json")

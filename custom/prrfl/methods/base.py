@@ -112,6 +112,16 @@ class Method:
         persisted server-side state (a dict it may read and update)."""
         raise NotImplementedError
 
+    def global_params(self, downloads: dict[str, Download]) -> StateDict | None:
+        """The method's global model, from the server's last downloads (those of the sites that took
+        part in the last round), as the state dict of `build_global_model`; None for a method without
+        one (each site keeps a model of its own). Default: none."""
+        return None
+
+    def build_global_model(self) -> torch.nn.Module:
+        """A new model of the global model's architecture (default: the method's model)."""
+        return self.build_model()
+
     # ----- site side -----------------------------------------------------------------------
     def on_download(self, site: "SiteRuntime", download: Download, first: bool) -> None:
         """Load the download into the site's models. `first`: the initial model of the run."""

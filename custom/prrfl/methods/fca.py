@@ -124,6 +124,17 @@ class FCA(FedAvg):
             return 1e-3 * 0.1 ** sum(epoch >= m for m in AUTHORS_MILESTONES)
         return super().lr_at(epoch)
 
+    def build_global_model(self) -> nn.Module:
+        """The global model is the task's network with the federated head as its classifier."""
+        return self.task.build_model()
+
+    def global_params(self, downloads):
+        """The averaged extractor and federated head (the `base.` entries of the download); None when
+        BN statistics stay at the sites (`bn_statistics="local"`: no averaged model is complete)."""
+        params = next(iter(downloads.values())).params if downloads else {}
+        base = {k.removeprefix("base."): v for k, v in params.items() if k.startswith("base.")}
+        return base if set(base) == set(self.reference_model.base.state_dict()) else None
+
     def local_keys(self, model: nn.Module) -> set[str]:
         keys = {k for k in model.state_dict() if k.startswith("personal_head.")}
         if self.bn_statistics == "local":

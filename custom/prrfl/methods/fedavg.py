@@ -54,6 +54,12 @@ class FedAvg(Method):
         average = self.average(uploads)
         return {u.site: Download(params=dict(average)) for u in uploads}
 
+    def global_params(self, downloads: dict[str, Download]) -> dict[str, torch.Tensor] | None:
+        """The average every site received, when it is a whole model (no entry stays at the sites)."""
+        params = next(iter(downloads.values())).params if downloads else {}
+        whole = set(self.reference_model.state_dict())
+        return dict(params) if set(params) == whole else None
+
     def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
         """The first download (the initial model) starts every role; later ones overwrite the shared
         entries of `download_roles` (local keys stay)."""

@@ -186,6 +186,8 @@ class SiteRuntime:
             "seed": self.cfg.seed,
             "rounds_completed": self.round_idx + 1,  # the run's rounds up to this site's last one
             "rounds_missed": sorted(set(range(self.round_idx + 1)) - trained),  # e.g. while the site was down
+            "data_root": self.data_root,  # None: the task's embedded default data
+            "state_dir": str(self.state_dir),  # best_<role>.pt: the reported model (prrfl.crosseval)
             "num_train": self.data.num_train,
             "class_counts": self.data.class_counts,
             "best": self.best,

@@ -31,6 +31,25 @@ class Split:
     def __len__(self) -> int:
         return int(self.targets.shape[0])
 
+    @classmethod
+    def pooled(cls, splits: "list[Split]") -> "Split":
+        """The splits of several sites as one (on the first split's device): samples in order, volume
+        numbers made distinct across splits, so a volume never merges with another site's."""
+        if not splits:
+            raise ValueError("cannot pool an empty list of splits")
+        device = splits[0].targets.device
+        groups = None
+        if any(s.groups is not None for s in splits):
+            offset, parts = 0, []
+            for s in splits:  # volume numbers are >= 0
+                g = (s.groups if s.groups is not None else torch.arange(len(s))).to(device)
+                parts.append(g + offset)
+                offset += int(g.max()) + 1 if len(s) else 0
+            groups = torch.cat(parts)
+        return cls(
+            torch.cat([s.images.to(device) for s in splits]), torch.cat([s.targets.to(device) for s in splits]), groups
+        )
+
 
 @dataclass
 class SiteData:
@@ -69,6 +88,7 @@ class Task:
     ood_scored_by: ClassVar[str | None] = None  # the cohort whose best model the report scores on it
     paper_table: ClassVar[str] = "per-site results"  # the paper's name of the per-site table, for the report
     metric_names: ClassVar[tuple[str, ...]]  # the metrics tables report, the primary one (selection, DET) first
+    protocol_metrics: ClassVar[tuple[str, ...]]  # of FCA's generalization/specialization protocol (prrfl.crosseval)
     sample_noun: ClassVar[str] = "images"  # what num_train counts, for messages
     eval_batch_size: ClassVar[int] = 256
 

@@ -102,6 +102,7 @@ class SegmentationTask(Task):
     `prototype_pooling` ("area", or "sum" for the authors' unnormalised pooling)."""
 
     metric_names = ("dice", "iou")
+    protocol_metrics = ("dice",)
     sample_noun = "slices"
     eval_batch_size = 32
     image_size: int

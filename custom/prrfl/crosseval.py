@@ -1,0 +1,155 @@
+"""Evaluation across sites after a run: FCA's generalization / specialization protocol and the
+cross-site matrix.
+
+* specialization: each site's reported model (its best validation round, `best_<role>.pt`) on its
+  own test split, averaged over the sites;
+* generalization: the pooled test splits of all sites, scored by the method's global model after the
+  last round when the method has one (`Method.global_params`: FedAvg and its kin, FCA's extractor
+  with the federated head, HarmoFL with its shared amplitude), otherwise by each site's reported model,
+  averaged over the sites (PRR, FedBN, SiloBN, FedProto: no single model fits every site);
+* cross-site matrix: each site's reported model on every site's test split (rows: the model's site).
+
+Metrics: the task's `protocol_metrics` (bACC and bAUC for classification: bAUC is the mean one-vs-rest
+AUC over the classes present; Dice for segmentation, per volume, the volumes of all sites pooled).
+
+This needs every site's test split and models in one place: the simulator's workspace (or any setting
+where one person holds all the data). Each site's results.json says where its state folder and data are;
+the server's results.json where the global model is. Written to `<workspace>/prrfl/<run_name>/crosseval.json`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prrfl.config import RunConfig
+from prrfl.registry import build_method, build_task
+from prrfl.storage import load_json, load_torch, save_json
+from prrfl.tasks.base import Split
+
+log = logging.getLogger(__name__)
+
+CROSSEVAL_FILE = "crosseval.json"
+
+
+@dataclass
+class RunFiles:
+    """What a finished run left in a workspace: its config, each site's results, the global model."""
+
+    workspace: Path
+    cfg: RunConfig
+    run_id: str
+    sites: dict[str, dict[str, Any]]  # site name -> its results.json
+    global_model: dict[str, Any] | None  # {"file", "round"} from the server's results.json
+
+    @property
+    def output(self) -> Path:
+        return self.workspace / "prrfl" / self.cfg.run_name / CROSSEVAL_FILE
+
+
+def find_runs(workspace: str | Path) -> list[RunFiles]:
+    """Every run whose site results and server results are in `workspace` (a simulator workspace)."""
+    workspace = Path(workspace).resolve()
+    sites: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for path in sorted(workspace.glob("*/prrfl/*/results.json")):
+        data = load_json(path)
+        if "site" not in data:
+            continue
+        missing = [k for k in ("cohort", "state_dir") if k not in data]
+        if missing:
+            raise ValueError(f"{path}: no {', '.join(missing)} (results written before runs recorded where their models are)")
+        sites[data["run_id"]][data["site"]] = data
+    servers = {}
+    for path in sorted(workspace.glob("server/**/results.json")):
+        data = load_json(path)
+        if "config" in data and "sites" in data:
+            servers[data["run_id"]] = data
+    runs = []
+    for run_id, by_site in sorted(sites.items()):
+        server = servers.get(run_id)
+        if server is None:
+            raise FileNotFoundError(
+                f"{workspace}: sites of run {run_id} wrote results, but no server results.json of that run was found "
+                "under server/ (did the run finish?)"
+            )
+        cfg = RunConfig.from_dict(server["config"])
+        runs.append(RunFiles(workspace, cfg, run_id, dict(sorted(by_site.items())), server.get("global_model")))
+    if not runs:
+        raise FileNotFoundError(f"no finished run in {workspace} (no */prrfl/<run>/results.json of a site)")
+    return runs
+
+
+def evaluate_run(run: RunFiles, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """The protocol's numbers for one run (see the module's docstring), as a JSON-ready dict."""
+    device = torch.device(device)
+    task = build_task(run.cfg)
+    method = build_method(run.cfg, task)
+    metrics = list(task.protocol_metrics)
+    tests: dict[str, Split] = {}
+    models: dict[str, torch.nn.Module] = {}
+    for site, results in run.sites.items():
+        tests[site] = task.load_site(results["cohort"], device, results.get("data_root")).test
+        best = Path(results["state_dir"]) / f"best_{method.eval_role}.pt"
+        if best.exists():
+            models[site] = _loaded(method.build_model(), best, device)
+        else:
+            log.warning("run %s: site %s has no reported model (%s); left out of the protocol", run.run_id, site, best)
+    if not models:
+        raise FileNotFoundError(f"run {run.run_id}: no site's reported model (best_{method.eval_role}.pt) was found")
+    pooled = Split.pooled(list(tests.values()))
+    cross = {m: {t: task.evaluate(model, tests[t]) for t in tests} for m, model in models.items()}
+    own = {site: {k: cross[site][site][k] for k in metrics} for site in models}
+    if run.global_model:
+        model = _loaded(method.build_global_model(), Path(run.global_model["file"]), device)
+        values = task.evaluate(model, pooled)
+        generalization = {"model": "global", "round": run.global_model["round"], "per_site": None}
+    else:
+        per_site = {site: task.evaluate(model, pooled) for site, model in models.items()}
+        values = {k: _mean(v[k] for v in per_site.values()) for k in metrics}
+        generalization = {"model": "sites", "round": None, "per_site": {s: {k: v[k] for k in metrics} for s, v in per_site.items()}}
+    return {
+        "run_id": run.run_id,
+        "run_name": run.cfg.run_name,
+        "task": run.cfg.task,
+        "method": run.cfg.method,
+        "seed": run.cfg.seed,
+        "metrics": metrics,
+        "cohorts": {site: results["cohort"] for site, results in run.sites.items()},
+        "pooled_test_samples": len(pooled),
+        "generalization": {**generalization, "values": {k: values[k] for k in metrics}},
+        "specialization": {"values": {k: _mean(v[k] for v in own.values()) for k in metrics}, "per_site": own},
+        "cross_site": cross,
+    }
+
+
+def write_crosseval(workspace: str | Path, device: str | torch.device = "cpu") -> list[Path]:
+    """Evaluate every finished run in the workspace and write its crosseval.json; returns the files."""
+    written = []
+    for run in find_runs(workspace):
+        written.append(save_json(evaluate_run(run, device), run.output))
+    return written
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    """One line for logs: 'generalization (global) bacc 51.2 auc 70.3; specialization bacc 60.1 auc 75.0'."""
+    def values(part: dict[str, Any]) -> str:
+        return " ".join(f"{k} {v:.1f}" for k, v in part["values"].items())
+
+    gen = result["generalization"]
+    return f"generalization ({gen['model']}) {values(gen)}; specialization {values(result['specialization'])}"
+
+
+def _loaded(model: torch.nn.Module, path: Path, device: torch.device) -> torch.nn.Module:
+    model.load_state_dict(load_torch(path, map_location=device))
+    return model.to(device).eval()
+
+
+def _mean(values) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan
