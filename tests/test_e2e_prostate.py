@@ -73,3 +73,20 @@ def test_report_builds_table_iii_and_the_overlay_figure(finished_run, tmp_path):
     text = report.read_text()
     assert "## Table III: per-site test Dice and IoU" in text and "RUNMC Dice" in text and "Table X" not in text
     assert "![overlays](overlays.png)" in text and (tmp_path / "report/overlays.png").stat().st_size > 0
+
+
+def test_harmofl_runs_on_prostate_and_its_global_model_scores_the_pooled_volumes(tmp_path):
+    from prrfl.crosseval import write_crosseval
+
+    cfg = RunConfig.from_dict({**job_config("prostate_harmofl").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_PROSTATE})
+    ws, _ = finished_simulation(tmp_path, "prostate_harmofl", cfg)
+    server = json.loads((ws / "server/simulate_job/results.json").read_text())
+    amplitude = torch.load(server["global_model"]["file"])["norm.amplitude"]
+    assert amplitude.shape == (1, 32, 32) and amplitude.abs().sum() > 0  # one MRI channel at the slices' size
+    [path] = write_crosseval(ws)
+    result = json.loads(path.read_text())
+    assert result["metrics"] == ["dice"] and result["generalization"]["model"] == "global"
+    assert 0 <= result["generalization"]["values"]["dice"] <= 100
+    for site in ("site-1", "site-2"):
+        reported = json.loads((ws / site / "prrfl/prostate_harmofl/results.json").read_text())["best"]["test"]
+        assert result["specialization"]["per_site"][site] == {"dice": reported["dice"]}
