@@ -153,3 +153,11 @@ def test_harmofl_run_shares_one_frozen_amplitude_and_scores_with_its_global_mode
     result = json.loads(path.read_text())
     assert result["generalization"]["model"] == "global"
     assert_specialization_is_what_the_sites_reported(ws, result)
+
+
+def test_summary_line_lists_the_metrics_in_the_tasks_order():
+    from prrfl.crosseval import summary_line
+
+    result = {"metrics": ["bacc", "auc"], "generalization": {"model": "global", "values": {"auc": 70.25, "bacc": 51.0}},
+              "specialization": {"values": {"auc": 75.0, "bacc": 60.04}}}
+    assert summary_line(result) == "generalization (global) bacc 51.0 auc 70.2; specialization bacc 60.0 auc 75.0"

@@ -137,9 +137,9 @@ def write_crosseval(workspace: str | Path, device: str | torch.device = "cpu") -
 
 
 def summary_line(result: dict[str, Any]) -> str:
-    """One line for logs: 'generalization (global) bacc 51.2 auc 70.3; specialization bacc 60.1 auc 75.0'."""
+    """One line for logs: 'generalization (global) bacc 51.2 auc 70.3; specialization bacc 60.1 auc 75.0' (the task's order)."""
     def values(part: dict[str, Any]) -> str:
-        return " ".join(f"{k} {v:.1f}" for k, v in part["values"].items())
+        return " ".join(f"{k} {part['values'][k]:.1f}" for k in result["metrics"])
 
     gen = result["generalization"]
     return f"generalization ({gen['model']}) {values(gen)}; specialization {values(result['specialization'])}"
