@@ -26,7 +26,7 @@ from prrfl.config import ConfigError, RunConfig
 from prrfl.flare import places
 from prrfl.flare import protocol as P
 from prrfl.flare.liveness import AUTO, Deadline
-from prrfl.flare.validation import upload_problem
+from prrfl.flare.validation import norm_outliers, update_norm, upload_problem
 from prrfl.messages import Download
 from prrfl.registry import build_method, build_task, validate_config
 from prrfl.report import participation, results_table
@@ -150,7 +150,7 @@ class PersonalizedWorkflow(ModelController):
             )
             if self.abort_signal.triggered:
                 return
-            uploads, summaries = [], {}
+            checked = {}
             for site, why in sorted(answers.missing.items()):
                 self.warning(f"round {round_idx}: no result from {site}: {why}; it keeps its previous download")
             for site in sorted(answers.results):
@@ -163,8 +163,14 @@ class PersonalizedWorkflow(ModelController):
                 if problem:
                     self.error(f"round {round_idx}: rejected the upload of {site}: {problem}")
                     continue
-                uploads.append(P.add_to_sent(upload, state["downloads"][site].params))
-                summaries[site] = (result.meta or {}).get("summary", {})
+                checked[site] = upload
+            norms = {site: update_norm(upload.params) for site, upload in checked.items()}
+            self.info(f"round {round_idx}: update norms " + ", ".join(f"{s} {n:.3g}" for s, n in norms.items()))
+            for site, problem in sorted(norm_outliers(norms, cfg.update_norm_ratio).items()):
+                self.error(f"round {round_idx}: rejected the upload of {site}: {problem}")
+                del checked[site]
+            uploads = [P.add_to_sent(upload, state["downloads"][site].params) for site, upload in checked.items()]
+            summaries = {site: (answers.results[site].meta or {}).get("summary", {}) for site in checked}
             if len(uploads) < min_sites:
                 left_out = sorted(set(sites) - {u.site for u in uploads})
                 self.panic(
