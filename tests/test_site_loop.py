@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import as_numpy, make_runtime, untimed
@@ -150,3 +151,20 @@ def test_same_seed_same_numbers(tiny_task, tmp_path):
     assert all(torch.equal(ua.params[k], ub.params[k]) for k in ua.params)
     assert untimed(a.history) == untimed(b.history)
     assert a.history[-1]["timing"]["train_images_per_second"] > 0
+
+
+def test_the_sites_evaluation_chunk_bounds_every_evaluation(tiny_task, tmp_path, monkeypatch):
+    site = make_runtime(tiny_task, tmp_path)
+    whole = site.evaluate(site.method.eval_role, "test")
+    chunks: list[int] = []
+    original = type(tiny_task).eval_batches
+
+    def recorded(task, split, batch_size=None):
+        for inputs, targets, index in original(task, split, batch_size):
+            chunks.append(len(targets))
+            yield inputs, targets, index
+
+    monkeypatch.setattr(type(tiny_task), "eval_batches", recorded)
+    site.eval_batch_size = 5
+    assert site.evaluate(site.method.eval_role, "test") == pytest.approx(whole)  # the same numbers, in chunks of 5
+    assert chunks == [5, 5, 2]  # the tiny test split holds 12 images

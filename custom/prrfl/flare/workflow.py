@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.workflows.model_controller import ModelController
@@ -373,7 +374,8 @@ class PersonalizedWorkflow(ModelController):
             last = (summary.get("last") or {}).get("test", {})
             if metric in last:
                 parts.append(f"{site} {metric}={last[metric]:.1f}")
-        self.info(f"round {round_idx} done; test of the personalized models: " + ", ".join(parts))
+        rss = psutil.Process().memory_info().rss / 2**20  # benchmarks/memory.py follows it over the rounds
+        self.info(f"round {round_idx} done (server RSS {rss:.0f} MiB); test of the personalized models: " + ", ".join(parts))
 
     def _finish(self, state: dict[str, Any], state_dir: Path, task: Task, method: Method) -> None:
         rounds = participation(state["history"], list(state["site_counts"]))

@@ -56,6 +56,7 @@ class SiteRuntime:
     data_root: str | None = None  # None: the task's embedded default data
     output_dir: Path | None = None  # a second copy of results.json (the workspace, where reports look)
     log_scalar: Scalar = lambda tag, value, step: None
+    eval_batch_size: int | None = None  # samples per evaluation chunk (None: the task's default)
     memory: dict[str, Any] = field(default_factory=dict)
     round_idx: int = -1  # last completed round
     best: dict[str, Any] | None = None
@@ -64,7 +65,7 @@ class SiteRuntime:
 
     # ----- evaluation ------------------------------------------------------------------
     def evaluate(self, role: str, split_name: str) -> dict[str, float]:
-        return self.task.evaluate(self.models[role], self.data.split(split_name))
+        return self.task.evaluate(self.models[role], self.data.split(split_name), self.eval_batch_size)
 
     def evaluate_best_on_ood(self) -> dict[str, float] | None:
         """The best-on-validation model on the task's out-of-distribution cohort (Table X), when the
@@ -78,7 +79,7 @@ class SiteRuntime:
         except FileNotFoundError as e:
             log.info("site %s: no out-of-distribution evaluation (%s)", self.name, e)
             return None
-        return self.task.evaluate(self.best_model(), split)
+        return self.task.evaluate(self.best_model(), split, self.eval_batch_size)
 
     def best_model(self) -> torch.nn.Module | None:
         """The reported model at its best validation round (None before the first eligible round)."""
