@@ -45,6 +45,9 @@ class TinyTask(ClassificationTask):
     def build_model(self):
         return TinyNet(self.num_classes)
 
+    def preprocessing(self):
+        return {"input": "random 8 x 8 images", "image_size": 8, "channels": 3, "steps": ["x / 127.5 - 1"]}
+
     def load_site(self, cohort, device, data_root=None):
         g = torch.Generator().manual_seed(0 if cohort == "A" else 1)
 
@@ -91,6 +94,9 @@ class TinySegTask(SegmentationTask):
 
     def build_model(self):
         return TinySegNet(self.num_classes)
+
+    def preprocessing(self):
+        return {"input": "random 16 x 16 slices", "image_size": 16, "channels": 1, "steps": ["x / 127.5 - 1"]}
 
     def load_site(self, cohort, device, data_root=None):
         g = torch.Generator().manual_seed(0 if cohort == "A" else 1)

@@ -183,3 +183,13 @@ def test_the_method_builds_models_and_the_configured_optimiser(tiny_seg_task, ti
     state = torch.random.get_rng_state()
     sgd.reference_model  # noqa: B018 - built once, without consuming the caller's random numbers
     assert torch.equal(state, torch.random.get_rng_state())
+
+
+def test_each_task_states_its_preprocessing_for_the_model_card():
+    from prrfl.tasks.derm import DermTask
+    from prrfl.tasks.prostate import ProstateTask
+
+    derm, prostate = DermTask({"image_size": 48}).preprocessing(), ProstateTask({"image_size": 96}).preprocessing()
+    assert (derm["image_size"], derm["channels"]) == (48, 3) and "bicubic resize to 48 x 48, uint8" in derm["steps"]
+    assert (prostate["image_size"], prostate["channels"]) == (96, 1)
+    assert any("0.5 and 99.5 percentiles" in step for step in prostate["steps"])

@@ -123,18 +123,39 @@ if __name__ == "__main__":
 '''
 
 
-def with_malformed_site_2(job: Path) -> Path:
-    """site-2 runs a copy of the client app whose script corrupts what it sends."""
+HUGE_SITE_SCRIPT = '''"""A site whose every update is scaled by 1e4: finite, well-formed, and large enough to swamp an average."""
+from prrfl.flare import protocol as P
+from prrfl.flare.site_app import main
+
+honest = P.upload_to_model
+
+
+def huge(*args):
+    model = honest(*args)
+    model.params = {k: v * 1e4 if v.is_floating_point() else v for k, v in model.params.items()}
+    return model
+
+
+P.upload_to_model = huge
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def with_bad_site(job: Path, script: str, site: str = "site-2", sites: int = 2) -> Path:
+    """`site` runs a copy of the client app whose script corrupts what it sends; the other sites run the job's app."""
     shutil.copytree(job / "app", job / "app_bad")
-    (job / "app_bad/custom/prrfl_site.py").write_text(BAD_SITE_SCRIPT)
+    (job / "app_bad/custom/prrfl_site.py").write_text(script)
     meta = json.loads((job / "meta.json").read_text())
-    meta["deploy_map"] = {"app": ["server", "site-1"], "app_bad": ["site-2"]}
+    honest = [f"site-{i}" for i in range(1, sites + 1) if f"site-{i}" != site]
+    meta["deploy_map"] = {"app": ["server", *honest], "app_bad": [site]}
     (job / "meta.json").write_text(json.dumps(meta))
     return job
 
 
 def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
-    job = with_malformed_site_2(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=4, min_sites=1)))
+    job = with_bad_site(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=4, min_sites=1)), BAD_SITE_SCRIPT)
 
     proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
     out = proc.stdout + proc.stderr
@@ -155,6 +176,22 @@ def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
     assert server["sites"]["site-1"]["participation"]["aggregated"] == [0, 1, 2, 3]
 
 
+def test_a_finite_but_huge_update_is_rejected_by_the_median_norm_rule(tmp_path):
+    job = export_job("derm_fedavg", tmp_path / "jobs", cfg=tiny_derm_config(method="fedavg", run_name="derm_fedavg", method_args={}))
+    job = with_bad_site(job, HUGE_SITE_SCRIPT, site="site-3", sites=3)
+
+    proc = run_simulator(job, tmp_path / "ws", sites=3, cache=tmp_path / "cache")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for round_idx in (0, 1):
+        lines = [line for line in out.splitlines() if f"round {round_idx}: rejected the upload of site-3: its update norm" in line]
+        assert lines and "x the round's median" in lines[0] and "update_norm_ratio=10" in lines[0], (round_idx, lines)
+    state = torch.load(tmp_path / "ws.state/server/derm_fedavg/server_state.pt", weights_only=False)
+    assert [h["sites"] for h in state["history"]] == [["site-1", "site-2"]] * 2
+    weights = state["downloads"]["site-1"].params
+    assert max(float(v.abs().max()) for v in weights.values() if v.is_floating_point()) < 1e3  # not poisoned
+
+
 def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):
     job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(), privacy="percentile")
     proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
@@ -170,7 +207,7 @@ def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):
 
 def test_a_round_with_fewer_than_min_sites_usable_uploads_stops_the_job_and_keeps_the_state(tmp_path):
     """Default min_sites ("majority") of 2 sites is 2: site-2's malformed upload leaves 1 in round 0."""
-    job = with_malformed_site_2(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config()))
+    job = with_bad_site(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config()), BAD_SITE_SCRIPT)
     proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-4000:]

@@ -145,3 +145,35 @@ def test_a_privacy_filter_is_added_to_the_train_results(tmp_path):
     assert entry["tasks"] == ["train"] and entry["filters"][0]["path"].endswith("PercentilePrivacy")
     with pytest.raises(ValueError, match="unknown privacy filter"):
         export_job("derm_prr", tmp_path, privacy="blur")
+
+
+# ----- the update-norm rule ---------------------------------------------------------------------------------
+def test_update_norm_is_the_l2_norm_over_floating_entries():
+    from prrfl.flare.validation import update_norm
+
+    diff = {"w": torch.tensor([3.0, 0.0]), "b": torch.tensor([[4.0]]), "bn.num_batches_tracked": torch.tensor(100)}
+    assert update_norm(diff) == pytest.approx(5.0)
+
+
+def test_an_update_far_above_the_rounds_median_is_an_outlier_with_its_reason():
+    from prrfl.flare.validation import norm_outliers
+
+    norms = {"site-1": 1.0, "site-2": 2.0, "site-3": 1.5, "site-4": 50.0}
+    # lower median of [1, 1.5, 2, 50] is 1.5; 50 > 10 x 1.5, 2 is not
+    assert list(norm_outliers(norms, 10.0)) == ["site-4"]
+    assert norm_outliers(norms, 10.0)["site-4"] == (
+        "its update norm 50 is 33.3 x the round's median 1.5 (limit: update_norm_ratio=10)"
+    )
+    two_huge = {"a": 1.0, "b": 1.2, "c": 1e6, "d": 2e6}  # the lower median is still an honest site's
+    assert sorted(norm_outliers(two_huge, 10.0)) == ["c", "d"]
+    assert norm_outliers(norms, None) == {}  # off
+    assert norm_outliers({"a": 1.0, "b": 1e9}, 10.0) == {}  # one or two sites: no majority to compare with
+    assert norm_outliers({"a": 0.0, "b": 0.0, "c": 3.0}, 10.0) == {}  # no weights travel (median 0)
+
+
+def test_update_norm_ratio_must_exceed_one_or_be_null():
+    from prrfl.config import ConfigError, RunConfig
+
+    assert RunConfig().update_norm_ratio == 10.0 and RunConfig(update_norm_ratio=None).update_norm_ratio is None
+    with pytest.raises(ConfigError, match="config field 'update_norm_ratio' must be > 1 or null"):
+        RunConfig(update_norm_ratio=0.5)

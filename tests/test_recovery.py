@@ -176,12 +176,12 @@ def test_each_site_reads_its_own_settings_file_and_unused_files_are_reported(tmp
     local = tmp_path / "local"
     local.mkdir()
     (local / "prrfl_site.json").write_text(json.dumps({"device": "cpu"}))
-    (local / "prrfl_site.site-1.json").write_text(json.dumps({"data_root": "/data/one", "num_threads": 2}))
+    (local / "prrfl_site.site-1.json").write_text(json.dumps({"data_root": "/data/one", "num_threads": 2, "eval_batch_size": 16}))
     (local / "prrfl_site.site-9.json").write_text("{}")
     (tmp_path / "prrfl_site.json").write_text("{}")  # beside local/, not in it
 
     one, report = SiteConfig.load("site-1", [], workspace=tmp_path)
-    assert one.data_root == "/data/one" and one.num_threads == 2 and one.device is None
+    assert one.data_root == "/data/one" and one.num_threads == 2 and one.eval_batch_size == 16 and one.device is None
     assert report.used.endswith("local/prrfl_site.site-1.json")
     assert report.per_site_files == ["site-1", "site-9"]
     assert any("prrfl_site.json is not read" in n and "takes precedence" in n for n in report.notes)
@@ -196,7 +196,8 @@ def test_bad_settings_files_name_themselves(tmp_path):
     for content, message in (
         ("{not json", "prrfl_site.site-1.json is not valid JSON"),
         (json.dumps({"dataroot": "/x"}), r"unknown field\(s\) \['dataroot'\]"),
-        (json.dumps({"num_threads": "4"}), "field 'num_threads' must be an integer"),
+        (json.dumps({"num_threads": "4"}), "field 'num_threads' must be a positive integer"),
+        (json.dumps({"eval_batch_size": 0}), "field 'eval_batch_size' must be a positive integer or null, got 0"),
         (json.dumps(["cpu"]), "must hold a JSON object"),
     ):
         path.write_text(content)

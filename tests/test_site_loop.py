@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import as_numpy, make_runtime, untimed
@@ -136,6 +137,21 @@ def test_results_and_best_model_are_written(tiny_task, tmp_path):
     assert (site.state_dir / "best_personal.pt").exists()
 
 
+def test_every_best_model_has_a_model_card_beside_it(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path)
+    upload = run_round(site, initial_download(tiny_task), 0)
+    run_round(site, next_download(upload, 1), 1)
+    card = json.loads((site.state_dir / "best_personal.json").read_text())
+    best = site.best
+    assert card["format"] == "prrfl-model-card/1" and card["model_file"] == "best_personal.pt"
+    assert (card["task"], card["method"], card["role"], card["site"], card["cohort"]) == ("tiny", "prr", "personal", "A", "A")
+    assert card["round"] == best["round"] and card["metrics"] == {"valid": best["valid"], "test": best["test"]}
+    assert card["config"] == site.cfg.to_dict() and card["run_id"] == site.run_id
+    assert card["class_names"] == ["a", "b", "c"] and card["preprocessing"] == tiny_task.preprocessing()
+    model = site.method.build_model()
+    model.load_state_dict(torch.load(site.state_dir / card["model_file"]))  # the card names a loadable model
+
+
 def test_training_learns_the_tiny_task(tiny_task, tmp_path):
     site = make_runtime(tiny_task, tmp_path, local_epochs=12, lr=0.2)
     upload = run_round(site, initial_download(tiny_task), 0)
@@ -150,3 +166,20 @@ def test_same_seed_same_numbers(tiny_task, tmp_path):
     assert all(torch.equal(ua.params[k], ub.params[k]) for k in ua.params)
     assert untimed(a.history) == untimed(b.history)
     assert a.history[-1]["timing"]["train_images_per_second"] > 0
+
+
+def test_the_sites_evaluation_chunk_bounds_every_evaluation(tiny_task, tmp_path, monkeypatch):
+    site = make_runtime(tiny_task, tmp_path)
+    whole = site.evaluate(site.method.eval_role, "test")
+    chunks: list[int] = []
+    original = type(tiny_task).eval_batches
+
+    def recorded(task, split, batch_size=None):
+        for inputs, targets, index in original(task, split, batch_size):
+            chunks.append(len(targets))
+            yield inputs, targets, index
+
+    monkeypatch.setattr(type(tiny_task), "eval_batches", recorded)
+    site.eval_batch_size = 5
+    assert site.evaluate(site.method.eval_role, "test") == pytest.approx(whole)  # the same numbers, in chunks of 5
+    assert chunks == [5, 5, 2]  # the tiny test split holds 12 images

@@ -67,6 +67,7 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
         generator=torch.Generator().manual_seed(seed_for(cfg.seed, site)),
         run_id=meta[P.RUN_ID],
         data_root=local.data_root,
+        eval_batch_size=local.eval_batch_size,
         log_scalar=(lambda tag, value, step: writer.add_scalar(tag, float(value), global_step=step)) if writer else (lambda *a: None),
     )
     runtime.restore(before_round=meta.get(P.ROUND, 0))  # a prepare task (no round) starts a new run

@@ -11,6 +11,7 @@ Fields:
   device      "cuda", "cuda:1", "cpu" (default: cuda when available)
   num_threads CPU threads for torch (default: CPU cores / sites, as simulator sites share a machine)
   state_dir   where the site keeps checkpoints and results (default: prrfl.flare.places.default_state_dir)
+  eval_batch_size  samples per evaluation chunk, what bounds evaluation memory (default: the task's)
 
 What the site found is reported to the server with its first answer (`SettingsReport`), so the server
 log says which file each site used, and which files exist but are not read.
@@ -28,6 +29,7 @@ from typing import Any
 LOCAL = Path("local")
 GENERIC_NAME = "prrfl_site.json"
 PER_SITE = re.compile(r"^prrfl_site\.(?P<site>.+)\.json$")
+INTEGER_FIELDS = ("num_threads", "eval_batch_size")  # positive integers; every other field is a string
 
 
 def per_site_name(site: str) -> str:
@@ -53,6 +55,7 @@ class SiteConfig:
     device: str | None = None
     num_threads: int | None = None
     state_dir: str | None = None
+    eval_batch_size: int | None = None
 
     @classmethod
     def load(cls, site: str, argv: list[str] | None = None, workspace: Path = Path(".")) -> tuple["SiteConfig", SettingsReport]:
@@ -60,7 +63,7 @@ class SiteConfig:
         value of the wrong type."""
         parser = argparse.ArgumentParser(description="prrfl site")
         for f in fields(cls):
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=int if f.name == "num_threads" else str)
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=int if f.name in INTEGER_FIELDS else str)
         values = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
         report = SettingsReport()
         local = workspace / LOCAL
@@ -91,8 +94,9 @@ class SiteConfig:
         if unknown:
             raise ValueError(f"{path.resolve()}: unknown field(s) {unknown}; expected some of {sorted(names)}")
         for key, value in local.items():
-            expected = int if key == "num_threads" else str
-            if value is not None and (not isinstance(value, expected) or isinstance(value, bool)):
-                kind = "an integer" if expected is int else "a string"
+            expected = int if key in INTEGER_FIELDS else str
+            wrong = not isinstance(value, expected) or isinstance(value, bool) or (expected is int and value < 1)
+            if value is not None and wrong:
+                kind = "a positive integer" if expected is int else "a string"
                 raise ValueError(f"{path.resolve()}: field '{key}' must be {kind} or null, got {value!r}")
         return local

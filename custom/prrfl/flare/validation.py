@@ -1,12 +1,15 @@
 """Server-side checks of a site's upload before it may influence anyone else's model.
 
 A malformed or poisoned upload (wrong keys or shapes, NaN/Inf, bad counts or prototypes) is
-rejected for the round with a reason; the others are aggregated as usual.
+rejected for the round with a reason; the others are aggregated as usual. So is an upload whose
+update (its difference to what the site was sent) is far larger than the round's others
+(`norm_outliers`): finite but huge weights would otherwise dominate every site's average.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,3 +53,29 @@ def _prototype_problem(meta: dict[str, Any], num_classes: int) -> str | None:
     if any(not math.isfinite(v) for row in protos for v in row):
         return "prototypes hold NaN or Inf"
     return None
+
+
+NORM_RULE_MIN_UPLOADS = 3  # with one or two uploads there is no majority to compare a site with
+
+
+def update_norm(difference: dict[str, torch.Tensor]) -> float:
+    """The L2 norm of an upload's difference to what the site was sent, over its floating-point
+    entries (weights and BatchNorm statistics; counters left out)."""
+    return math.sqrt(sum(float(v.double().square().sum()) for v in difference.values() if v.is_floating_point()))
+
+
+def norm_outliers(norms: dict[str, float], ratio: float | None) -> dict[str, str]:
+    """The sites whose update norm exceeds `ratio` times the round's median, each with a reason; none
+    when the rule is off (`ratio` None), with fewer than NORM_RULE_MIN_UPLOADS uploads, or when the
+    median is 0 (uploads without weights, e.g. prototypes only). The median is the lower one, so
+    with 4 sites two huge uploads are still measured against an honest one."""
+    if ratio is None or len(norms) < NORM_RULE_MIN_UPLOADS:
+        return {}
+    median = statistics.median_low(norms.values())
+    if median <= 0:
+        return {}
+    return {
+        site: f"its update norm {norm:.3g} is {norm / median:.3g} x the round's median {median:.3g} (limit: update_norm_ratio={ratio:g})"
+        for site, norm in norms.items()
+        if norm > ratio * median
+    }

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.workflows.model_controller import ModelController
@@ -26,7 +27,7 @@ from prrfl.config import ConfigError, RunConfig
 from prrfl.flare import places
 from prrfl.flare import protocol as P
 from prrfl.flare.liveness import AUTO, Deadline
-from prrfl.flare.validation import upload_problem
+from prrfl.flare.validation import norm_outliers, update_norm, upload_problem
 from prrfl.messages import Download
 from prrfl.registry import build_method, build_task, validate_config
 from prrfl.report import participation, results_table
@@ -150,7 +151,7 @@ class PersonalizedWorkflow(ModelController):
             )
             if self.abort_signal.triggered:
                 return
-            uploads, summaries = [], {}
+            checked = {}
             for site, why in sorted(answers.missing.items()):
                 self.warning(f"round {round_idx}: no result from {site}: {why}; it keeps its previous download")
             for site in sorted(answers.results):
@@ -163,8 +164,14 @@ class PersonalizedWorkflow(ModelController):
                 if problem:
                     self.error(f"round {round_idx}: rejected the upload of {site}: {problem}")
                     continue
-                uploads.append(P.add_to_sent(upload, state["downloads"][site].params))
-                summaries[site] = (result.meta or {}).get("summary", {})
+                checked[site] = upload
+            norms = {site: update_norm(upload.params) for site, upload in checked.items()}
+            self.info(f"round {round_idx}: update norms " + ", ".join(f"{s} {n:.3g}" for s, n in norms.items()))
+            for site, problem in sorted(norm_outliers(norms, cfg.update_norm_ratio).items()):
+                self.error(f"round {round_idx}: rejected the upload of {site}: {problem}")
+                del checked[site]
+            uploads = [P.add_to_sent(upload, state["downloads"][site].params) for site, upload in checked.items()]
+            summaries = {site: (answers.results[site].meta or {}).get("summary", {}) for site in checked}
             if len(uploads) < min_sites:
                 left_out = sorted(set(sites) - {u.site for u in uploads})
                 self.panic(
@@ -367,7 +374,8 @@ class PersonalizedWorkflow(ModelController):
             last = (summary.get("last") or {}).get("test", {})
             if metric in last:
                 parts.append(f"{site} {metric}={last[metric]:.1f}")
-        self.info(f"round {round_idx} done; test of the personalized models: " + ", ".join(parts))
+        rss = psutil.Process().memory_info().rss / 2**20  # benchmarks/memory.py follows it over the rounds
+        self.info(f"round {round_idx} done (server RSS {rss:.0f} MiB); test of the personalized models: " + ", ".join(parts))
 
     def _finish(self, state: dict[str, Any], state_dir: Path, task: Task, method: Method) -> None:
         rounds = participation(state["history"], list(state["site_counts"]))

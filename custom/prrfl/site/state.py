@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from prrfl.config import RunConfig
-from prrfl.storage import atomic_write, load_torch, save_json, save_torch_keeping_previous, set_aside
+from prrfl.storage import atomic_write, load_torch, save_json, save_torch, save_torch_keeping_previous, set_aside
 from prrfl.tasks.base import SiteData, Task
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ EXAMPLES = "examples.npz"  # a few test samples with the best model's output, fo
 CHECKPOINT = "site_state.pt"
 PREVIOUS_CHECKPOINT = "site_state.previous.pt"
 RESULTS = "results.json"
+MODEL_CARD_SUFFIX = ".json"  # best_<role>.json beside best_<role>.pt
+MODEL_CARD_FORMAT = "prrfl-model-card/1"
 
 Scalar = Callable[[str, float, int], None]
 
@@ -56,6 +59,7 @@ class SiteRuntime:
     data_root: str | None = None  # None: the task's embedded default data
     output_dir: Path | None = None  # a second copy of results.json (the workspace, where reports look)
     log_scalar: Scalar = lambda tag, value, step: None
+    eval_batch_size: int | None = None  # samples per evaluation chunk (None: the task's default)
     memory: dict[str, Any] = field(default_factory=dict)
     round_idx: int = -1  # last completed round
     best: dict[str, Any] | None = None
@@ -64,7 +68,7 @@ class SiteRuntime:
 
     # ----- evaluation ------------------------------------------------------------------
     def evaluate(self, role: str, split_name: str) -> dict[str, float]:
-        return self.task.evaluate(self.models[role], self.data.split(split_name))
+        return self.task.evaluate(self.models[role], self.data.split(split_name), self.eval_batch_size)
 
     def evaluate_best_on_ood(self) -> dict[str, float] | None:
         """The best-on-validation model on the task's out-of-distribution cohort (Table X), when the
@@ -78,7 +82,7 @@ class SiteRuntime:
         except FileNotFoundError as e:
             log.info("site %s: no out-of-distribution evaluation (%s)", self.name, e)
             return None
-        return self.task.evaluate(self.best_model(), split)
+        return self.task.evaluate(self.best_model(), split, self.eval_batch_size)
 
     def best_model(self) -> torch.nn.Module | None:
         """The reported model at its best validation round (None before the first eligible round)."""
@@ -88,6 +92,36 @@ class SiteRuntime:
         model = self.method.build_model().to(self.device)
         model.load_state_dict(load_torch(best_file, map_location=self.device))
         return model
+
+    def save_best(self, role: str, round_idx: int, valid: dict[str, float], test: dict[str, float]) -> None:
+        """The model of `role` as the site's best, and its model card beside it (`model_card`)."""
+        save_torch(self.models[role].state_dict(), self.state_dir / f"best_{role}.pt")
+        save_json(self.model_card(role, round_idx, valid, test), self.state_dir / f"best_{role}{MODEL_CARD_SUFFIX}")
+
+    def model_card(self, role: str, round_idx: int, valid: dict[str, float], test: dict[str, float]) -> dict[str, Any]:
+        """What a saved best model is and how it was made: enough to rebuild it (task, method, config) and
+        to feed it new inputs as in training (the task's preprocessing), with the metrics it was chosen by."""
+        return {
+            "format": MODEL_CARD_FORMAT,
+            "model_file": f"best_{role}.pt",
+            "task": self.cfg.task,
+            "method": self.cfg.method,
+            "role": role,
+            "run_id": self.run_id,
+            "run_name": self.cfg.run_name,
+            "site": self.name,
+            "cohort": self.data.cohort,
+            "round": round_idx,
+            "selected_by": f"valid {self.task.primary_metric}, rounds >= {self.cfg.select_from_round}",
+            "metrics": {"valid": valid, "test": test},
+            "class_names": list(self.task.class_names),
+            "preprocessing": self.task.preprocessing(),
+            "config": self.cfg.to_dict(),
+            "data_root": self.data_root,
+            "num_train": self.data.num_train,
+            "saved": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__,
+        }
 
     def write_examples(self) -> None:
         """The task's example outputs of the best model on the test split (`Task.examples`), written

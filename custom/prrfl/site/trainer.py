@@ -11,7 +11,6 @@ import torch
 
 from prrfl.messages import Download, Upload
 from prrfl.site.state import SiteRuntime
-from prrfl.storage import save_torch
 
 log = logging.getLogger(__name__)
 
@@ -131,5 +130,5 @@ def record_round(site: SiteRuntime, round_idx: int, timing: dict[str, float]) ->
     eligible = round_idx >= site.cfg.select_from_round and not math.isnan(score)
     if eligible and (site.best is None or score > site.best["valid"][metric]):
         site.best = {"round": round_idx, "valid": valid, "test": test}
-        save_torch(site.models[role].state_dict(), site.state_dir / f"best_{role}.pt")
+        site.save_best(role, round_idx, valid, test)
         log.info("site %s: new best %s %.2f at round %d", site.name, metric, score, round_idx)

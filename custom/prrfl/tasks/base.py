@@ -180,6 +180,11 @@ class Task:
             model.train(was_training)
         return metric.compute()
 
+    def preprocessing(self) -> dict[str, Any]:
+        """How a raw input becomes the model's input, for the model card written beside every best model
+        (what inference must repeat): the input kind, image size, channels and the steps in order."""
+        raise NotImplementedError
+
     def examples(self, model: torch.nn.Module, split: Split) -> dict[str, Any] | None:
         """A few samples of `split` with the model's output, as numpy arrays, for figures (the report's
         segmentation overlays); None when the task draws none."""

@@ -82,6 +82,20 @@ class DermTask(ClassificationTask):
     def build_model(self) -> torch.nn.Module:
         return SlimVGG16BN(num_classes=self.num_classes)
 
+    def preprocessing(self) -> dict[str, Any]:
+        size = self.data_cfg["image_size"]
+        return {
+            "input": "dermoscopic image file (JPEG or PNG)",
+            "image_size": size,
+            "channels": 3,
+            "steps": [
+                "decoded as RGB",
+                "centre square crop on the shorter side",
+                f"bicubic resize to {size} x {size}, uint8",
+                "x / 127.5 - 1 (values in [-1, 1])",
+            ],
+        }
+
     def prepared_root(self, data_root: str | None, workers: int = 1) -> Path:
         """A site's prepared data: its own root, or the shared synthetic federation (built on first
         use; `workers` > 1 only from a plain command line, not inside a FLARE site process)."""

@@ -23,6 +23,7 @@ from prrfl.config import check_options, config_error
 from prrfl.data.augment import SliceAugment, normalize
 from prrfl.data.prostate import ensure_synthetic_prostate, load_split
 from prrfl.data.prostate.layout import TABLE_SITES
+from prrfl.data.prostate.prepare import PERCENTILES
 from prrfl.data.prostate.store import split_path
 from prrfl.models.deeplab import DeepLabV2ResNet18
 from prrfl.tasks.base import SiteData, Split
@@ -84,6 +85,21 @@ class ProstateTask(SegmentationTask):
 
     def build_model(self) -> torch.nn.Module:
         return DeepLabV2ResNet18(num_classes=self.num_classes, in_channels=1, width=self.data_cfg["model_width"])
+
+    def preprocessing(self) -> dict[str, Any]:
+        lo, hi = PERCENTILES
+        return {
+            "input": "T2-weighted MRI volume (NIfTI)",
+            "image_size": self.image_size,
+            "channels": 1,
+            "steps": [
+                "reoriented to axial slices, inferior first (RAS)",
+                f"intensities clipped to the volume's {lo} and {hi} percentiles and scaled to [0, 1]",
+                "each slice zero-padded to a centred square",
+                f"each slice resized to {self.image_size} x {self.image_size} (area when shrinking, bilinear when growing)",
+                "x * 255 rounded to uint8, then x / 127.5 - 1 (values in [-1, 1])",
+            ],
+        }
 
     def prepared_root(self, data_root: str | None, workers: int = 1) -> Path:
         """A site's prepared data: its own root, or the shared synthetic federation (built on first use)."""
