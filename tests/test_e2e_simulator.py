@@ -13,6 +13,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import tiny_derm_config
+from prrfl.config import RunConfig
 from prrfl.flare.jobs import export_job
 from prrfl.sweep import simulator_command
 
@@ -66,6 +67,41 @@ def test_prr_has_no_global_model_so_each_sites_model_scores_generalization(finis
         reported = json.loads((ws / site / "prrfl/derm_prr/results.json").read_text())["best"]["test"]
         assert result["cross_site"][site][site] == reported  # the reported model, re-evaluated: the same numbers
         assert result["specialization"]["per_site"][site] == {"bacc": reported["bacc"], "auc": reported["auc"]}
+
+
+def test_a_saved_best_model_is_evaluated_from_its_card_without_the_federation(finished_run, tmp_path, capsys):
+    from prrfl.cli import main
+    from prrfl.inference import evaluate_saved_model
+    from prrfl.registry import build_task
+
+    ws, _ = finished_run
+    best = ws.with_name("ws.state") / "site-1/derm_prr/best_personal.pt"
+    reported = json.loads((ws / "site-1/prrfl/derm_prr/results.json").read_text())["best"]["test"]
+    card = json.loads(best.with_suffix(".json").read_text())
+    data_root = build_task(RunConfig.from_dict(card["config"])).prepared_root(None)  # the run's synthetic data
+    result = evaluate_saved_model(best, data_root)
+    assert result["cohort"] == "A" and result["metrics"] == reported  # the same model on the same split
+    assert evaluate_saved_model(best, data_root, cohort="B")["cohort"] == "B"  # another site's test split
+    assert main(["evaluate", "--model", str(best), "--data-root", str(data_root), "--split", "valid"]) == 0
+    assert "on A valid" in capsys.readouterr().out
+
+    copy = tmp_path / "best_personal.pt"
+    shutil.copy(best, copy)
+    with pytest.raises(FileNotFoundError, match="best_personal.json: the model card of best_personal.pt is missing"):
+        evaluate_saved_model(copy, data_root)
+    card["config"]["data"]["image_size"] = 48
+    copy.with_suffix(".json").write_text(json.dumps(card))
+    with pytest.raises(ValueError, match=r"A/train.npz holds 32 px images but the job asks for image_size=48"):
+        evaluate_saved_model(copy, data_root)
+    card["config"]["data"]["image_size"] = 32
+    card["config"]["method"], card["config"]["run_name"], card["config"]["method_args"] = "fca", "derm_fca", {}
+    copy.with_suffix(".json").write_text(json.dumps(card))
+    with pytest.raises(ValueError, match=r"best_personal.json: task/method derm/prr but its config says derm/fca"):
+        evaluate_saved_model(copy, data_root)
+    card["method"] = "fca"
+    copy.with_suffix(".json").write_text(json.dumps(card))
+    with pytest.raises(ValueError, match=r"best_personal.pt: the weights do not fit the derm/fca network its card describes"):
+        evaluate_saved_model(copy, data_root)
 
 
 def test_each_site_gets_its_own_pfa_download(finished_run):

@@ -138,6 +138,18 @@ def _crosseval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from prrfl.inference import evaluate_saved_model
+
+    result = evaluate_saved_model(args.model, args.data_root, args.cohort, args.split, args.device)
+    values = ", ".join(f"{k} {v:.2f}" for k, v in result["metrics"].items())
+    print(f"{result['model']} ({result['method']}, trained at {result['trained_at']}) on {result['cohort']} {result['split']} "
+          f"({result['samples']} samples): {values}")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from prrfl.sweep import sweep
 
@@ -196,6 +208,14 @@ def _parser() -> argparse.ArgumentParser:
     crosseval.add_argument("workspaces", nargs="+", help="simulator workspaces; writes <workspace>/prrfl/<run>/crosseval.json")
     crosseval.add_argument("--device", default="cpu", help="torch device of the evaluation (default: cpu)")
     crosseval.set_defaults(func=_crosseval)
+    evaluate = sub.add_parser("evaluate", parents=[common], help="metrics of a saved best model (with its model card) on a prepared split")
+    evaluate.add_argument("--model", required=True, help="a best_<role>.pt, its model card best_<role>.json beside it")
+    evaluate.add_argument("--data-root", required=True, help="prepared data of the model's task (python -m prrfl.data.<task> prepare)")
+    evaluate.add_argument("--cohort", help="the cohort to score (default: the model's own)")
+    evaluate.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    evaluate.add_argument("--device", default="cpu")
+    evaluate.add_argument("--json", action="store_true", help="print the whole result as JSON too")
+    evaluate.set_defaults(func=_evaluate)
     sweep = sub.add_parser("sweep", parents=[common], help="run methods x seeds in the simulator one after another, then the report")
     sweep.add_argument("--methods", required=True, help="comma-separated methods; each runs its job <task>_<method>")
     sweep.add_argument("--task", default="derm", help="the task of every run (default: derm)")
