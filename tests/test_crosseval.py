@@ -161,3 +161,17 @@ def test_summary_line_lists_the_metrics_in_the_tasks_order():
     result = {"metrics": ["bacc", "auc"], "generalization": {"model": "global", "values": {"auc": 70.25, "bacc": 51.0}},
               "specialization": {"values": {"auc": 75.0, "bacc": 60.04}}}
     assert summary_line(result) == "generalization (global) bacc 51.0 auc 70.2; specialization bacc 60.0 auc 75.0"
+
+
+def test_cross_site_matrix_rows_are_models_and_columns_test_splits_by_cohort():
+    from prrfl.report import cross_site_table
+
+    def run(seed, ab):
+        return {"method": "prr", "seed": seed, "cohorts": {"site-1": "A", "site-2": "B"},
+                "cross_site": {"site-1": {"site-1": {"f1": 80.0}, "site-2": {"f1": ab}},
+                               "site-2": {"site-1": {"f1": 30.0}, "site-2": {"f1": 70.0 + seed}}}}
+
+    table = cross_site_table([run(0, 40.0), run(1, 44.0), {"method": "fedavg"}], "prr", "f1", ("B", "A")).splitlines()
+    assert table[0] == "| prr: F1 on → | B | A |"
+    assert table[2] == "| B's model | 70.50 ± 0.71 | 30.00 ± 0.00 |"
+    assert table[3] == "| A's model | 42.00 ± 2.83 | 80.00 ± 0.00 |"

@@ -558,6 +558,23 @@ def protocol_table(protocols: Sequence[dict[str, Any]], methods: Sequence[str], 
     return _markdown(header, body) + "\n\n" + note
 
 
+def cross_site_table(protocols: Sequence[dict[str, Any]], method: str, metric: str, site_order: Sequence[str] = ()) -> str:
+    """One method's cross-site matrix: rows = the cohort whose best model scores, columns = the cohort
+    whose test split it scores, `metric` mean ± std over seeds (the diagonal is Table II's value)."""
+    cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for p in protocols:
+        if p["method"] != method:
+            continue
+        cohorts = p["cohorts"]
+        for model_site, row in p["cross_site"].items():
+            for test_site, values in row.items():
+                cells[(cohorts[model_site], cohorts[test_site])].append(values[metric])
+    models = ordered({m for m, _ in cells}, site_order)
+    tests = ordered({t for _, t in cells}, site_order)
+    body = [[f"{m}'s model"] + [mean_std(cells.get((m, t), [])) for t in tests] for m in models]
+    return _markdown([f"{method}: {label(metric)} on →"] + tests, body)
+
+
 # ----- the report --------------------------------------------------------------------------
 def build_report(
     workspaces: Sequence[str | Path],
@@ -603,6 +620,12 @@ def build_report(
     if protocols:
         table = protocol_table(protocols, order, facts.protocol_metrics)
         sections.append(f"## Generalization and specialization (FCA's protocol, its Table 4 layout)\n\n{table}\n")
+        matrices = [cross_site_table(protocols, m, primary, facts.site_names) for m in order if any(p["method"] == m for p in protocols)]
+        sections.append(
+            f"## Cross-site matrix: test {label(primary)} of each site's best model on every site's test split\n\n"
+            + "\n\n".join(matrices)
+            + "\n\nMean ± sample std over seeds; the diagonal is each site's own test split (Table II).\n"
+        )
     sections += [
         f"## Retrogress after communication\n\n{retrogress_table(summary, primary)}\n",
         "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n",
