@@ -90,7 +90,7 @@ class Task:
     metric_names: ClassVar[tuple[str, ...]]  # the metrics tables report, the primary one (selection, DET) first
     protocol_metrics: ClassVar[tuple[str, ...]]  # of FCA's generalization/specialization protocol (prrfl.crosseval)
     sample_noun: ClassVar[str] = "images"  # what num_train counts, for messages
-    eval_batch_size: ClassVar[int] = 256
+    eval_batch_size: ClassVar[int] = 64  # samples per evaluation chunk: bounds a site's memory (benchmarks/memory.py)
 
     def __init__(self, data_cfg: dict[str, Any]):
         self.data_cfg = dict(data_cfg)
