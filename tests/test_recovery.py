@@ -136,6 +136,9 @@ def test_a_bad_job_is_refused_when_the_workflow_is_built():
         PersonalizedWorkflow(config={**tiny_derm_config().to_dict(), "method_args": {"det_enabled": "flase"}})
     with pytest.raises(ValueError, match="task_timeout"):
         workflow(task_timeout="soon")
+    with pytest.raises(ValueError, match="workflow argument 'memory_gc_rounds' must be an integer >= 0, got -1"):
+        workflow(memory_gc_rounds=-1)
+    assert workflow().memory_gc_rounds == 1  # FLARE's cleanup_memory after every round by default
 
 
 # ----- deadline ------------------------------------------------------------------------------

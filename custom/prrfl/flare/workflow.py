@@ -22,6 +22,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.app_opt.pt.decomposers import TensorDecomposer
 from nvflare.fuel.utils import fobs
+from nvflare.fuel.utils.memory_utils import cleanup_memory
 
 from prrfl.config import ConfigError, RunConfig
 from prrfl.flare import places
@@ -74,6 +75,7 @@ class PersonalizedWorkflow(ModelController):
         min_task_timeout: float = 60.0,
         task_timeout_factor: float = 3.0,
         estimate_timeout_factor: float = 5.0,
+        memory_gc_rounds: int = 1,
     ):
         """config: a RunConfig as a dict, validated here (a bad job never reaches a site).
         resume: False starts a new run (a saved one of the same run_name is set aside, not overwritten);
@@ -81,7 +83,9 @@ class PersonalizedWorkflow(ModelController):
         else starts a new run with a warning.
         state_dir: where the workflow keeps its state (default: prrfl.flare.places.default_state_dir).
         task_timeout ("auto" or seconds, 0 = none), first_task_timeout, min_task_timeout,
-        task_timeout_factor, estimate_timeout_factor: the per-round deadline (prrfl.flare.liveness.Deadline)."""
+        task_timeout_factor, estimate_timeout_factor: the per-round deadline (prrfl.flare.liveness.Deadline).
+        memory_gc_rounds: every this many rounds, FLARE's cleanup_memory (gc.collect + malloc_trim) returns
+        freed memory to the system (0: never)."""
         super().__init__(persistor_id="", ignore_result_error=True)  # a failed site must not end the job
         # attributes named like the arguments: FLARE's job export reads them back into the config
         self.config = config
@@ -92,6 +96,9 @@ class PersonalizedWorkflow(ModelController):
         self.min_task_timeout = min_task_timeout
         self.task_timeout_factor = task_timeout_factor
         self.estimate_timeout_factor = estimate_timeout_factor
+        self.memory_gc_rounds = memory_gc_rounds
+        if not isinstance(memory_gc_rounds, int) or isinstance(memory_gc_rounds, bool) or memory_gc_rounds < 0:
+            raise ValueError(f"workflow argument 'memory_gc_rounds' must be an integer >= 0, got {memory_gc_rounds!r}")
         if resume not in RESUME_MODES or not isinstance(resume, (bool, str)):
             raise ValueError(f"workflow argument 'resume' must be false, true or \"auto\", got {resume!r}")
         self.deadline = Deadline(task_timeout, first_task_timeout, min_task_timeout, task_timeout_factor, estimate_timeout_factor)
@@ -192,6 +199,8 @@ class PersonalizedWorkflow(ModelController):
             })
             state["next_round"] = round_idx + 1
             self._save_state(state, state_dir)
+            if self.memory_gc_rounds and (round_idx + 1) % self.memory_gc_rounds == 0:
+                cleanup_memory()
             self._log_round(round_idx, summaries, task.primary_metric)
 
         self._finish(state, state_dir, task, method)
