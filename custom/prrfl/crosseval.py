@@ -20,7 +20,6 @@ the server's results.json where the global model is. Written to `<workspace>/prr
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from prrfl.config import RunConfig
+from prrfl.metrics import nanmean
 from prrfl.registry import build_method, build_task
 from prrfl.storage import load_json, load_torch, save_json
 from prrfl.tasks.base import Split
@@ -111,7 +111,7 @@ def evaluate_run(run: RunFiles, device: str | torch.device = "cpu") -> dict[str,
         generalization = {"model": "global", "round": run.global_model["round"], "per_site": None}
     else:
         per_site = {site: task.evaluate(model, pooled) for site, model in models.items()}
-        values = {k: _mean(v[k] for v in per_site.values()) for k in metrics}
+        values = {k: nanmean(v[k] for v in per_site.values()) for k in metrics}
         generalization = {"model": "sites", "round": None, "per_site": {s: {k: v[k] for k in metrics} for s, v in per_site.items()}}
     return {
         "run_id": run.run_id,
@@ -123,7 +123,7 @@ def evaluate_run(run: RunFiles, device: str | torch.device = "cpu") -> dict[str,
         "cohorts": {site: results["cohort"] for site, results in run.sites.items()},
         "pooled_test_samples": len(pooled),
         "generalization": {**generalization, "values": {k: values[k] for k in metrics}},
-        "specialization": {"values": {k: _mean(v[k] for v in own.values()) for k in metrics}, "per_site": own},
+        "specialization": {"values": {k: nanmean(v[k] for v in own.values()) for k in metrics}, "per_site": own},
         "cross_site": cross,
     }
 
@@ -149,7 +149,3 @@ def _loaded(model: torch.nn.Module, path: Path, device: torch.device) -> torch.n
     model.load_state_dict(load_torch(path, map_location=device))
     return model.to(device).eval()
 
-
-def _mean(values) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return sum(finite) / len(finite) if finite else math.nan

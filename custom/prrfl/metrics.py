@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable
 
 import numpy as np
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score, roc_auc_score
@@ -19,6 +20,12 @@ LABELS = {"f1": "F1", "auc": "AUC", "acc": "ACC", "bacc": "bACC", "bauc": "bAUC"
 def label(metric: str) -> str:
     """How tables and figures name a metric ("dice" -> "Dice")."""
     return LABELS.get(metric, metric.upper())
+
+
+def nanmean(values: Iterable[float]) -> float:
+    """The mean of the values that are not NaN; NaN when there are none."""
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan
 
 
 def classification_metrics(probs: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, float]:

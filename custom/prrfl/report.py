@@ -29,7 +29,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from prrfl.metrics import label
+from prrfl.metrics import label, nanmean
 from prrfl.registry import task_class
 from prrfl.storage import load_json, save_text
 
@@ -92,14 +92,9 @@ def results_table(summaries: dict[str, dict[str, Any]], metrics: Sequence[str]) 
                 stale = ""
             notes.append(f"* {site}: missed round(s) {part['missed']}{stale}")
         lines.append(f"| {name} | {best.get('round', '-')} | {rounds}" + " | ".join(values) + " |")
-    means = [_nanmean(columns[m]) for m in metrics]
+    means = [nanmean(columns[m]) for m in metrics]
     lines.append("| **mean** | | " + ("| " if with_rounds else "") + " | ".join(f"**{v:.2f}**" for v in means) + " |")
     return "\n".join(lines + ([""] + notes if notes else []))
-
-
-def _nanmean(values: list[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return sum(finite) / len(finite) if finite else math.nan
 
 
 # ----- discovery ---------------------------------------------------------------------------
@@ -275,7 +270,7 @@ def _seed_averages(by_key: dict[tuple[str, int], float]) -> list[float]:
     per_seed: dict[int, list[float]] = defaultdict(list)
     for (_, seed), value in by_key.items():
         per_seed[seed].append(value)
-    return [_nanmean(per_seed[s]) for s in sorted(per_seed)]
+    return [nanmean(per_seed[s]) for s in sorted(per_seed)]
 
 
 def _cohort_values(by_key: dict[tuple[str, int], float], cohort: str) -> list[float]:

@@ -128,12 +128,10 @@ class FCA(FedAvg):
         """The global model is the task's network with the federated head as its classifier."""
         return self.task.build_model()
 
-    def global_params(self, downloads):
-        """The averaged extractor and federated head (the `base.` entries of the download); None when
-        BN statistics stay at the sites (`bn_statistics="local"`: no averaged model is complete)."""
-        params = next(iter(downloads.values())).params if downloads else {}
-        base = {k.removeprefix("base."): v for k, v in params.items() if k.startswith("base.")}
-        return base if set(base) == set(self.reference_model.base.state_dict()) else None
+    def global_entries(self, params):
+        """The averaged extractor and federated head: the `base.` entries of the download (incomplete,
+        so no global model, when BN statistics stay at the sites, `bn_statistics="local"`)."""
+        return {k.removeprefix("base."): v for k, v in params.items() if k.startswith("base.")}
 
     def local_keys(self, model: nn.Module) -> set[str]:
         keys = {k for k in model.state_dict() if k.startswith("personal_head.")}

@@ -55,10 +55,16 @@ class FedAvg(Method):
         return {u.site: Download(params=dict(average)) for u in uploads}
 
     def global_params(self, downloads: dict[str, Download]) -> dict[str, torch.Tensor] | None:
-        """The average every site received, when it is a whole model (no entry stays at the sites)."""
-        params = next(iter(downloads.values())).params if downloads else {}
-        whole = set(self.reference_model.state_dict())
-        return dict(params) if set(params) == whole else None
+        """The average every site received, as the global model's state dict when it is a whole one
+        (None when entries stay at the sites, e.g. FedBN's BatchNorm)."""
+        params = self.global_entries(next(iter(downloads.values())).params) if downloads else {}
+        with torch.random.fork_rng(devices=[]):
+            whole = set(self.build_global_model().state_dict())
+        return params if set(params) == whole else None
+
+    def global_entries(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The entries of a download that belong to the global model, under its key names."""
+        return dict(params)
 
     def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
         """The first download (the initial model) starts every role; later ones overwrite the shared
