@@ -65,9 +65,10 @@ def test_deploy_poc_two_sites(tmp_path):
     assert "all 2 sites connected" in out and "round 2/2" in out and "| **mean** |" in out
     for site in SITES:
         assert f"| {site} |" in out
-        assert list((work / "result").rglob(f"tb_events/{site}/events.out.tfevents.*")), f"no TensorBoard events for {site}"
+        assert list((work / "result").rglob(f"tb_events/{site}_*/events.out.tfevents.*")), f"no TensorBoard events for {site}"
         # the site kept its state in its own workspace, with the cohort from its local config
         assert list(work.rglob(f"prod_00/{site}/prrfl/derm_prr/site_state.pt"))
+    assert list((work / "result").rglob("tb_events/federation/events.out.tfevents.*")), "no federation run"
     assert not our_processes(str(work)), "FLARE processes left running"
 
 

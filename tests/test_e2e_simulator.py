@@ -114,16 +114,35 @@ def test_each_site_gets_its_own_pfa_download(finished_run):
     assert state["downloads"]["site-1"].meta["pfa_r"] == pytest.approx(0.48)  # last round of 2
 
 
-def test_tensorboard_events_for_every_site(finished_run):
+def scalars_of(run: Path) -> dict[str, dict[int, float]]:
+    """A TensorBoard run folder's scalars: tag -> step -> value."""
+    acc = EventAccumulator(str(run))
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_runs_are_named_by_cohort_and_the_server_writes_the_federation_run(finished_run):
     ws, _ = finished_run
-    for site in ("site-1", "site-2"):
-        files = list((ws / "server/simulate_job/tb_events" / site).glob("events.out.tfevents.*"))
-        assert files, f"no TensorBoard events for {site}"
-        acc = EventAccumulator(str(files[0].parent))
-        acc.Reload()
-        tags = set(acc.Tags()["scalars"])
-        for expected in ("loss/personal", "loss/deputy", "det/phase", "pfa/r", "valid/f1", "test/auc", "cpa/gamma_mel"):
-            assert any(t.endswith(expected) for t in tags), (expected, sorted(tags))
+    tb = ws / "server/simulate_job/tb_events"
+    results = {s: json.loads((ws / s / "prrfl/derm_prr/results.json").read_text()) for s in ("site-1", "site-2")}
+    runs = {s: tb / f"{s}_{results[s]['cohort']}" for s in results}
+    assert sorted(p.name for p in tb.iterdir()) == sorted([*(r.name for r in runs.values()), "federation"])
+    sites = {s: scalars_of(run) for s, run in runs.items()}
+    for s, tags in sites.items():
+        for expected in ("loss/personal", "loss/deputy", "det/recover", "det/exchange", "det/sublimate", "valid/f1", "test/auc",
+                         "cpa/gamma_mel", "retrogress/f1_drop"):
+            assert expected in tags, (s, expected, sorted(tags))
+        assert "pfa/r" not in tags  # logged once, by the server
+    fed = scalars_of(tb / "federation")
+    # 2 rounds x 1 local epoch (x axis: epochs): round r's results and the use of its download at epoch r
+    assert fed["federation/sites_aggregated"] == {0: 2.0, 1: 2.0}
+    assert fed["pfa/r"] == {0: pytest.approx(0.35), 1: pytest.approx(0.48)}  # r0 -> r1 over the 2 rounds
+    for tag in ("valid/f1", "test/f1", "test/auc"):
+        for step in (0, 1):
+            mean = sum(sites[s][tag][step] for s in sites) / len(sites)
+            assert fed[tag][step] == pytest.approx(mean, abs=1e-4), (tag, step)
+    drop = sum(sites[s]["retrogress/f1_drop"][1] for s in sites) / len(sites)
+    assert fed["retrogress/f1_drop"] == {1: pytest.approx(drop, abs=1e-4)}
 
 
 BAD_SITE_SCRIPT = '''"""A site whose every upload is malformed, one way per round, and that fails in its fourth round."""
@@ -250,3 +269,36 @@ def test_a_round_with_fewer_than_min_sites_usable_uploads_stops_the_job_and_keep
     assert "round 0: only 1 of 2 sites sent a usable upload (left out: ['site-2']), fewer than min_sites=majority (2)" in out
     state = torch.load(tmp_path / "ws.state/server/derm_prr/server_state.pt", weights_only=False)
     assert state["next_round"] == 0  # the state before the failed round, ready for a resume
+
+
+@pytest.mark.parametrize("store", ["sqlite", "file"])
+def test_mlflow_tracking_through_flares_receiver(tmp_path, monkeypatch, store):
+    """tracking="mlflow": the sites' runs named by cohort and the federation run, in a local MLflow store:
+    FLARE's default SQLite file in the job's result folder, or a file store given as tracking_uri."""
+    from mlflow import MlflowClient
+
+    uri = None
+    if store == "file":
+        uri = (tmp_path / "mlruns").as_uri()
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(), tracking="mlflow", tracking_uri=uri)
+    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    if uri is None:
+        (db,) = (tmp_path / "ws").rglob("mlflow.db")
+        uri = f"sqlite:///{db}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("derm_prr")
+    cohorts = {s: json.loads((tmp_path / "ws" / s / "prrfl/derm_prr/results.json").read_text())["cohort"] for s in ("site-1", "site-2")}
+    found = client.search_runs([experiment.experiment_id])
+    names = ["federation", *(f"{s}_{c}" for s, c in cohorts.items())]  # FLARE appends -<job id>-<job name>-<run>
+    runs = {name: next(r for r in found if r.info.run_name.startswith(name + "-")) for name in names}
+    assert len(found) == 3, [r.info.run_name for r in found]
+    for s, c in cohorts.items():
+        run = runs[f"{s}_{c}"]
+        assert run.data.tags["cohort"] == c
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "test/f1")] == [0, 1]
+    fed = runs["federation"].info.run_id
+    assert [(m.step, m.value) for m in client.get_metric_history(fed, "federation/sites_aggregated")] == [(0, 2.0), (1, 2.0)]
+    site_f1 = [client.get_metric_history(runs[f"{s}_{c}"].info.run_id, "test/f1")[-1].value for s, c in cohorts.items()]
+    assert client.get_metric_history(fed, "test/f1")[-1].value == pytest.approx(sum(site_f1) / 2, abs=1e-4)

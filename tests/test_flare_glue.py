@@ -37,7 +37,7 @@ def test_job_folder_shape_and_config(tmp_path):
     workflow = server["workflows"][0]
     assert workflow["path"] == "prrfl.flare.workflow.PersonalizedWorkflow"
     assert RunConfig.from_dict(workflow["args"]["config"]) == job_config("derm_prr")
-    assert any(c["path"].endswith("TBAnalyticsReceiver") for c in server["components"])
+    assert any(c["path"] == "prrfl.flare.tracking.TensorBoardReceiver" for c in server["components"])
     assert any(c["path"].endswith("ConvertToFedEvent") for c in client["components"])
     executor = client["executors"][0]["executor"]
     assert executor["args"]["task_script_path"] == "prrfl_site.py"
@@ -177,3 +177,17 @@ def test_update_norm_ratio_must_exceed_one_or_be_null():
     assert RunConfig().update_norm_ratio == 10.0 and RunConfig(update_norm_ratio=None).update_norm_ratio is None
     with pytest.raises(ConfigError, match="config field 'update_norm_ratio' must be > 1 or null"):
         RunConfig(update_norm_ratio=0.5)
+
+
+def test_tracking_run_names_carry_the_cohort_and_backends_are_checked():
+    from prrfl.flare.tracking import TensorBoardReceiver, receiver, run_name
+
+    assert run_name("site-2", {"site-2": "B"}) == "site-2_B"
+    assert run_name("site-1", {"site-1": "ViDIR Modern/1"}) == "site-1_ViDIR-Modern-1"  # a safe folder name
+    assert run_name("site-3", {"site-1": "A"}) == "site-3"  # cohort not reported (yet): the client name
+    assert isinstance(receiver("tensorboard"), TensorBoardReceiver)
+    with pytest.raises(ValueError, match="unknown tracking backend 'wandb'"):
+        receiver("wandb")
+    with pytest.raises(ValueError, match="tracking_uri is for tracking='mlflow'"):
+        receiver("tensorboard", "sqlite:///x.db")
+    assert receiver("mlflow", "sqlite:///x.db", experiment="derm_prr").kw_args == {"experiment_name": "derm_prr"}

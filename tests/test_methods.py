@@ -316,7 +316,8 @@ def test_det_phases_cap_the_phase(allowed, expected):
 def test_det_phases_are_respected_in_training(tiny_task, tmp_path):
     site = make_runtime(tiny_task, tmp_path, local_epochs=3, method_args={"det_phases": ["exchange"]})
     run_round(site, initial(tiny_task), 0)
-    assert [v for tag, v, _ in site.scalars if tag == "det/phase"] == [2, 2, 2]
+    assert [v for tag, v, _ in site.scalars if tag == "det/exchange"] == [1.0, 1.0, 1.0]
+    assert [v for tag, v, _ in site.scalars if tag in ("det/recover", "det/sublimate")] == [0.0] * 6
     with pytest.raises(ValueError, match="det_phases"):
         method(tiny_task, "prr", det_phases=["recovery"])
 

@@ -69,12 +69,19 @@ def test_every_round_opens_in_recover_and_logs_the_expected_scalars(tiny_task, t
     site = make_runtime(tiny_task, tmp_path)
     upload = run_round(site, initial_download(tiny_task), 0)
     run_round(site, next_download(upload, 1), 1)
-    phases = {step: value for tag, value, step in site.scalars if tag == "det/phase"}
-    assert phases[0] == 1 and phases[2] == 1  # first epoch of rounds 0 and 1 (2 local epochs per round)
-    assert set(phases.values()) <= {1, 2, 3}
+    phases: dict[int, list[str]] = {}  # step -> the DET phases marked 1 (by name) at that epoch
+    for tag, value, step in site.scalars:
+        if tag in ("det/recover", "det/exchange", "det/sublimate"):
+            assert value in (0.0, 1.0)
+            phases.setdefault(step, []).extend([tag[4:]] if value else [])
+    assert sorted(phases) == [0, 1, 2, 3] and all(len(names) == 1 for names in phases.values())
+    assert phases[0] == phases[2] == ["recover"]  # first epoch of rounds 0 and 1 (2 local epochs per round)
     tags = {tag for tag, _, _ in site.scalars}
-    for expected in ("loss/personal", "loss/deputy", "cpa/gamma_a", "valid/f1", "test/auc", "pfa/r", "epoch_test/f1"):
+    for expected in ("loss/personal", "loss/deputy", "cpa/gamma_a", "valid/f1", "test/auc", "epoch_test/f1", "retrogress/f1_drop"):
         assert expected in tags
+    assert "pfa/r" not in tags  # the server logs it once, in the federation run
+    drops = [(value, step) for tag, value, step in site.scalars if tag == "retrogress/f1_drop"]
+    assert drops == [(pytest.approx(site.download_drop(1)), 2)]  # at the epoch the download of round 1 is used
     gammas = [value for tag, value, step in site.scalars if tag.startswith("cpa/gamma") and step >= 2]
     assert any(g != 1.0 for g in gammas)  # prototypes refine the loss once a global prototype arrived
 

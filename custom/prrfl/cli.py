@@ -57,7 +57,8 @@ def _jobs_export(args: argparse.Namespace) -> int:
     names = args.names or sorted(JOBS)
     configs = {name: validated(name, apply_overrides(job_config(name).to_dict(), args.set)) for name in names}
     for name, cfg in configs.items():
-        print(export_job(name, args.out, cfg=cfg, bundle=args.bundle, privacy=args.privacy, resume=RESUME[args.resume]))
+        print(export_job(name, args.out, cfg=cfg, bundle=args.bundle, privacy=args.privacy, resume=RESUME[args.resume],
+                               tracking=args.tracking, tracking_uri=args.tracking_uri))
     return 0
 
 
@@ -181,6 +182,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the workflow's resume mode: true (continue the saved run, refuse to start without one), auto (continue "
         "it when there is one, else start a new run: a command to re-run after an interruption), false (default: new run)",
     )
+    export.add_argument(
+        "--tracking", choices=["tensorboard", "mlflow"], default="tensorboard",
+        help="where the server writes the sites' and the federation's scalars (default: TensorBoard event files)",
+    )
+    export.add_argument("--tracking-uri", help="with --tracking mlflow: the MLflow tracking URI (default: SQLite in the job's result folder)")
     export.set_defaults(func=_jobs_export)
     check = jobs.add_parser("check", parents=[common], help="fail if the committed job folders differ from the code")
     check.add_argument("--dir", default="jobs")

@@ -28,6 +28,20 @@ def nanmean(values: Iterable[float]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
+def download_drops(history: Iterable[dict], metric: str) -> dict[int, tuple[float, float]]:
+    """Retrogress in a site's history: communication round r (>= 1) -> (before, after), the test metric of
+    the last local epoch of round r-1 (just before communication) and right after the download of round r.
+    The drop is before - after. Needs the per-epoch test records (eval_test_every_epoch)."""
+    before: dict[int, tuple[int, float]] = {}  # round -> (epochs_done, value) of its last epoch
+    after: dict[int, float] = {}
+    for h in history:
+        if h["kind"] == "epoch" and h["epochs_done"] >= before.get(h["round"], (-1, 0.0))[0]:
+            before[h["round"]] = (h["epochs_done"], h["test"][metric])
+        elif h["kind"] == "download":
+            after[h["round"]] = h["test"][metric]
+    return {rnd: (before[rnd - 1][1], after[rnd]) for rnd in sorted(after) if rnd - 1 in before}
+
+
 def classification_metrics(probs: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, float]:
     """probs [N, C] softmax outputs, labels [N] ints -> {"f1", "auc", "acc", "bacc"} in percent.
 

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from prrfl.metrics import label, nanmean
+from prrfl.metrics import download_drops, label, nanmean
 from prrfl.registry import task_class
 from prrfl.storage import load_json, save_text
 
@@ -190,17 +190,8 @@ def retrogress_rows(results: Sequence[SiteResult], metric: str) -> list[dict[str
     round r-1 (just before communication), right after the download of round r, and the drop."""
     rows = []
     for r in results:
-        before: dict[int, tuple[int, float]] = {}  # round -> (epochs_done, value) of its last epoch
-        after: dict[int, float] = {}
-        for h in r.history:
-            if h["kind"] == "epoch" and h["epochs_done"] >= before.get(h["round"], (-1, 0.0))[0]:
-                before[h["round"]] = (h["epochs_done"], h["test"][metric])
-            elif h["kind"] == "download":
-                after[h["round"]] = h["test"][metric]
-        for rnd in sorted(after):
-            if rnd - 1 in before:
-                value = before[rnd - 1][1]
-                rows.append({**r.identity(), "round": rnd, "before": value, "after": after[rnd], "drop": value - after[rnd]})
+        for rnd, (before, after) in download_drops(r.history, metric).items():
+            rows.append({**r.identity(), "round": rnd, "before": before, "after": after, "drop": before - after})
     return rows
 
 

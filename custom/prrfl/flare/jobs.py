@@ -1,7 +1,7 @@
 """The FLARE job folders under jobs/, generated from one table of configurations.
 
 `prrfl jobs export` writes them and a test checks the committed folders still match. Each job is
-one server app (PersonalizedWorkflow + TensorBoard receiver) and one client app (the Client API
+one server app (PersonalizedWorkflow + a tracking receiver, prrfl.flare.tracking) and one client app (the Client API
 script + the event converter that streams each site's scalars to the server) deployed to all sites.
 """
 
@@ -20,7 +20,6 @@ from nvflare.apis.dxo import DataKind
 from nvflare.app_common.filters.percentile_privacy import PercentilePrivacy
 from nvflare.app_common.filters.svt_privacy import SVTPrivacy
 from nvflare.app_common.widgets.convert_to_fed_event import ConvertToFedEvent
-from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.client.config import ExchangeFormat
 from nvflare.fuel.utils.constants import FrameworkType
 from nvflare.job_config.api import FedJob
@@ -29,6 +28,7 @@ from nvflare.job_config.script_runner import ScriptRunner
 
 from prrfl.config import RunConfig
 from prrfl.flare.protocol import TASK_TRAIN
+from prrfl.flare.tracking import receiver
 from prrfl.flare.workflow import PersonalizedWorkflow
 from prrfl.registry import method_class, method_names, task_class
 
@@ -100,13 +100,21 @@ def job_config(name: str) -> RunConfig:
 
 
 def build_job(
-    name: str, cfg: RunConfig | None = None, min_clients: int = 1, privacy: str | None = None, resume: bool | str = False
+    name: str,
+    cfg: RunConfig | None = None,
+    min_clients: int = 1,
+    privacy: str | None = None,
+    resume: bool | str = False,
+    tracking: str = "tensorboard",
+    tracking_uri: str | None = None,
 ) -> FedJob:
-    """resume: the workflow's resume mode (False, True or "auto", see PersonalizedWorkflow)."""
+    """resume: the workflow's resume mode (False, True or "auto", see PersonalizedWorkflow).
+    tracking: "tensorboard" (event files in the server's run folder) or "mlflow" (tracking_uri: an MLflow
+    tracking URI, default an SQLite file in the job's result folder); runs named as prrfl.flare.tracking says."""
     cfg = cfg or job_config(name)
     job = FedJob(name=name, min_clients=min_clients)
     job.to_server(PersonalizedWorkflow(config=cfg.to_dict(), resume=resume), id="workflow")
-    job.to_server(TBAnalyticsReceiver(events=["fed." + ANALYTIC_EVENT_TYPE]), id="receiver")
+    job.to_server(receiver(tracking, tracking_uri, experiment=cfg.run_name), id="receiver")
     runner = ScriptRunner(
         script=SITE_SCRIPT.name,  # relative: resolved in the site's app/custom/, copied from the cwd
         framework=FrameworkType.PYTORCH,
@@ -129,6 +137,8 @@ def export_job(
     bundle: bool = False,
     privacy: str | None = None,
     resume: bool | str = False,
+    tracking: str = "tensorboard",
+    tracking_uri: str | None = None,
 ) -> Path:
     """Write <out_root>/<name>/ (meta.json, app/config, app/custom/prrfl_site.py), replacing an old one.
 
@@ -136,11 +146,12 @@ def export_job(
     copies the whole package into app/custom/ for sites that cannot install it (FLARE puts custom/
     on the path). privacy: one of PRIVACY_FILTERS, added to every site's train results. resume: the
     workflow's resume mode ("auto": a command that continues where an interrupted run stopped).
+    tracking, tracking_uri: the tracking backend (build_job).
     """
     out_root = Path(out_root).resolve()
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         shutil.copy(SITE_SCRIPT, SITE_SCRIPT.name)
-        build_job(name, cfg, min_clients, privacy, resume).export_job("export")
+        build_job(name, cfg, min_clients, privacy, resume, tracking, tracking_uri).export_job("export")
         exported = Path(tmp) / "export" / name
         # FLARE copies the imported modules it can trace, a partial package: keep it whole or not at all
         shutil.rmtree(exported / "app" / "custom" / "prrfl", ignore_errors=True)

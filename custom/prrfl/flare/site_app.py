@@ -134,5 +134,7 @@ def run_task(runtime: SiteRuntime, task_name: str, model: flare.FLModel, setting
         download = P.model_to_download(model)
         upload = run_round(runtime, download, model.meta[P.ROUND])
         results = runtime.results()
-        return P.upload_to_model(upload, {k: results[k] for k in ("best", "last", "ood", "cohort")}, download.params)
+        summary = {k: results[k] for k in ("best", "last", "ood", "cohort")}
+        summary["download_drop"] = runtime.download_drop(model.meta[P.ROUND])  # the federation run's mean drop
+        return P.upload_to_model(upload, summary, download.params)
     raise ValueError(f"site {runtime.name}: unknown task '{task_name}'")

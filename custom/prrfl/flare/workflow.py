@@ -28,8 +28,10 @@ from prrfl.config import ConfigError, RunConfig
 from prrfl.flare import places
 from prrfl.flare import protocol as P
 from prrfl.flare.liveness import AUTO, Deadline
+from prrfl.flare.tracking import publish_cohorts, send_scalars
 from prrfl.flare.validation import norm_outliers, update_norm, upload_problem
 from prrfl.messages import Download
+from prrfl.metrics import nanmean
 from prrfl.registry import build_method, build_task, validate_config
 from prrfl.report import participation, results_table
 from prrfl.storage import load_torch, save_json, save_text, save_torch, save_torch_keeping_previous, set_aside
@@ -126,6 +128,7 @@ class PersonalizedWorkflow(ModelController):
             save_torch(state, state_dir / STATE_FILE)
         # the sites that prepared their data at the run's start and take part in this job
         sites = sorted(set(state["site_counts"]) & set(clients))
+        publish_cohorts(self.fl_ctx, state.get("cohorts", {}))  # the tracking runs are named by cohort
         absent = sorted(set(state["site_counts"]) - set(clients))
         if absent:
             self.warning(f"sites of run {state['run_id']} not in this job: {absent}; they keep their last download")
@@ -202,6 +205,7 @@ class PersonalizedWorkflow(ModelController):
             if self.memory_gc_rounds and (round_idx + 1) % self.memory_gc_rounds == 0:
                 cleanup_memory()
             self._log_round(round_idx, summaries, task.primary_metric)
+            self._track_round(round_idx, summaries, method.server_scalars(downloads), task.primary_metric)
 
         self._finish(state, state_dir, task, method)
 
@@ -279,7 +283,7 @@ class PersonalizedWorkflow(ModelController):
         )
         if self.abort_signal.triggered:
             return None
-        counts, estimates, synthetic, per_site_files = {}, {}, [], set()
+        counts, cohorts, estimates, synthetic, per_site_files = {}, {}, {}, [], set()
         for site, why in sorted(answers.missing.items()):
             self.error(f"{site} cannot take part in this run: no answer to prepare: {why}")
         for site in sorted(answers.results):
@@ -292,6 +296,7 @@ class PersonalizedWorkflow(ModelController):
                 self.warning(f"{site} did not report usable statistics ({problem}); it is left out of this run")
                 continue
             counts[site] = meta["class_counts"]
+            cohorts[site] = str(meta.get("cohort") or site)
             estimate = meta.get("round_estimate_s")
             if isinstance(estimate, (int, float)) and 0 < estimate < float("inf"):
                 estimates[site] = float(estimate)
@@ -329,6 +334,7 @@ class PersonalizedWorkflow(ModelController):
             "next_round": 0,
             "global_counts": global_counts,
             "site_counts": counts,
+            "cohorts": cohorts,  # FLARE client -> the cohort (hospital) its data is
             "round_estimates": estimates,  # each site's estimate of a round (s), for the first deadline
             "downloads": {s: initial for s in counts},
             "method_memory": {},
@@ -385,6 +391,27 @@ class PersonalizedWorkflow(ModelController):
                 parts.append(f"{site} {metric}={last[metric]:.1f}")
         rss = psutil.Process().memory_info().rss / 2**20  # benchmarks/memory.py follows it over the rounds
         self.info(f"round {round_idx} done (server RSS {rss:.0f} MiB); test of the personalized models: " + ", ".join(parts))
+
+    def _track_round(self, round_idx: int, summaries: dict[str, Any], method_scalars: dict[str, float], metric: str) -> None:
+        """The federation's tracking run (prrfl.flare.tracking), on the sites' x axis (local epochs done):
+        the sites' mean valid and test metrics after the round (tags as in a site's run), the mean drop of
+        the test metric right after this round's download, the number of sites aggregated, and the method's
+        own server values (e.g. pfa/r), at the epoch the round's download is used."""
+        epochs = self.cfg.local_epochs
+        start, end = round_idx * epochs, (round_idx + 1) * epochs - 1
+        scalars: dict[str, list[float]] = {}
+        for summary in summaries.values():
+            for split in ("valid", "test"):
+                for name, value in ((summary.get("last") or {}).get(split) or {}).items():
+                    scalars.setdefault(f"{split}/{name}", []).append(value)
+        at_end = {tag: nanmean(values) for tag, values in scalars.items()}
+        at_end["federation/sites_aggregated"] = len(summaries)
+        drops = [s["download_drop"] for s in summaries.values() if s.get("download_drop") is not None]
+        at_start = dict(method_scalars)
+        if drops:
+            at_start[f"retrogress/{metric}_drop"] = nanmean(drops)
+        send_scalars(self, self.fl_ctx, at_start, start)
+        send_scalars(self, self.fl_ctx, at_end, end)
 
     def _finish(self, state: dict[str, Any], state_dir: Path, task: Task, method: Method) -> None:
         rounds = participation(state["history"], list(state["site_counts"]))

@@ -122,6 +122,11 @@ class Method:
         """A new model of the global model's architecture (default: the method's model)."""
         return self.build_model()
 
+    def server_scalars(self, downloads: dict[str, Download]) -> dict[str, float]:
+        """The method's server-side values of a round for the federation's tracking run (logged once,
+        not per site), from the round's downloads. Default: none."""
+        return {}
+
     # ----- site side -----------------------------------------------------------------------
     def on_download(self, site: "SiteRuntime", download: Download, first: bool) -> None:
         """Load the download into the site's models. `first`: the initial model of the run."""

@@ -144,6 +144,11 @@ class PRR(Method):
             meta.update(self._global_prototypes(uploads, server))
         return {u.site: Download(params=dict(p), meta=dict(meta)) for u, p in zip(uploads, mixed)}
 
+    def server_scalars(self, downloads: dict[str, Download]) -> dict[str, float]:
+        """PFA's r of the round (the same for every site)."""
+        r = next((d.meta["pfa_r"] for d in downloads.values() if "pfa_r" in d.meta), None)
+        return {} if r is None else {"pfa/r": r}
+
     def _global_prototypes(self, uploads: list[Upload], server: dict[str, Any]) -> dict[str, Any]:
         generator = torch.Generator()
         if "proto_rng" in server:  # continue the persisted stream: a resumed server samples the same prototypes
@@ -173,8 +178,6 @@ class PRR(Method):
             mask = cpa.conjoint_mask(counts, beta=self.opt["beta"])
             mem["mask"] = mask if self.opt["cpa_global"] else torch.ones(c, c, dtype=torch.float64)
         protos.receive(site, download.meta)
-        if "pfa_r" in download.meta:
-            site.log_scalar("pfa/r", download.meta["pfa_r"], download.meta["round"] * self.cfg.local_epochs)
 
     def before_epoch(self, site: SiteRuntime, epoch: int) -> None:
         mem, o = site.memory, self.opt
@@ -185,7 +188,8 @@ class PRR(Method):
             deputy = site.evaluate("deputy", o["det_split"])[metric]
             phase = det.next_phase(mem["phase"], deputy, personal, l1=o["l1"], l2=o["l2"], just_downloaded=epoch == 0)
             mem["phase"] = allowed_phase(phase, self.phases)
-            site.log_scalar("det/phase", int(mem["phase"]), step)
+            for phase_name in PHASE_NAMES:  # 1 for the phase of this epoch, by name
+                site.log_scalar(f"det/{phase_name}", float(mem["phase"].name.lower() == phase_name), step)
             site.log_scalar("det/personal_score", personal, step)
             site.log_scalar("det/deputy_score", deputy, step)
         if self.uses_cpa:

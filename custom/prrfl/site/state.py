@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from prrfl.config import RunConfig
+from prrfl.metrics import download_drops
 from prrfl.storage import atomic_write, load_torch, save_json, save_torch, save_torch_keeping_previous, set_aside
 from prrfl.tasks.base import SiteData, Task
 
@@ -206,6 +207,11 @@ class SiteRuntime:
         self.best = ckpt["best"]
         self.ood = ckpt["ood"]
         self.history = ckpt["history"]
+
+    def download_drop(self, round_idx: int) -> float | None:
+        """The primary test metric lost right after round `round_idx`'s download (None: not measured)."""
+        pair = download_drops(self.history, self.task.primary_metric).get(round_idx)
+        return None if pair is None else pair[0] - pair[1]
 
     def results(self) -> dict[str, Any]:
         last = next((h for h in reversed(self.history) if h["kind"] == "round"), None)

@@ -28,6 +28,9 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
         # right after the download, before any local step: where retrogress shows
         test = site.evaluate(method.eval_role, "test")
         site.history.append({"kind": "download", "round": round_idx, "epochs_done": round_idx * cfg.local_epochs, "test": test})
+        drop = site.download_drop(round_idx)
+        if drop is not None:
+            site.log_scalar(f"retrogress/{site.task.primary_metric}_drop", drop, round_idx * cfg.local_epochs)
     for epoch in range(cfg.local_epochs):
         step = round_idx * cfg.local_epochs + epoch  # global epoch index: the x axis of every curve
         for opt in site.optimizers.values():
@@ -51,7 +54,7 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
         "train_seconds": train_seconds,
         "train_images_per_second": images / train_seconds if train_seconds > 0 else math.nan,  # all models counted
     }
-    site.log_scalar("speed/train_images_per_second", timing["train_images_per_second"], round_idx)
+    site.log_scalar("speed/train_images_per_second", timing["train_images_per_second"], (round_idx + 1) * cfg.local_epochs - 1)
     record_round(site, round_idx, timing)
     site.round_idx = round_idx
     if round_idx == cfg.num_rounds - 1:
