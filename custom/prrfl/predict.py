@@ -122,8 +122,8 @@ def predict(
     kind, run = PREDICTORS[task]
     model = f"{saved.path} (a {task} model)"
     files = list_inputs(input_path, kind, [k for k, _ in PREDICTORS.values() if k != kind], model)
-    run(saved, files, Path(out), batch_size or saved.task.eval_batch_size)
-    return Prediction(Path(out), len(files), task)
+    count = run(saved, files, Path(out), batch_size or saved.task.eval_batch_size)
+    return Prediction(Path(out), count, task)
 
 
 # ----- shared -----------------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def _csv_text(header: list[str], rows: list[list]) -> str:
 
 
 # ----- dermoscopy: one CSV ----------------------------------------------------------------------
-def _classify(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -> None:
+def _classify(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -> int:
     from prrfl.data.derm.images import load_square
 
     if out.is_dir():
@@ -172,6 +172,7 @@ def _classify(saved: SavedModel, files: list[Path], out: Path, batch_size: int) 
         for path, p in zip(chunk, probs.tolist()):
             rows.append([path.name, names[int(np.argmax(p))], *(f"{v:.6f}" for v in p)])
     save_text(_csv_text(["file", "predicted", *(f"p_{n}" for n in names)], rows), out)
+    return len(rows)
 
 
 # ----- prostate MRI: a mask per volume ------------------------------------------------------------
@@ -204,7 +205,7 @@ def _mask_image(mask: np.ndarray, source, num_classes: int):
     return image
 
 
-def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -> None:
+def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -> int:
     import nibabel as nib
 
     from prrfl.data.build import build_dir
@@ -237,9 +238,11 @@ def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -
         (folder / SUMMARY).write_text(_csv_text(header, rows))
 
     build_dir(out, write, overwrite=True)
+    return len(inputs)
 
 
-PREDICTORS: dict[str, tuple[InputKind, Callable[[SavedModel, list[Path], Path, int], None]]] = {
+# task -> (the inputs it takes, the function that writes their predictions and returns how many it wrote)
+PREDICTORS: dict[str, tuple[InputKind, Callable[[SavedModel, list[Path], Path, int], int]]] = {
     "derm": (IMAGES, _classify),
     "prostate": (VOLUMES, _segment),
 }
