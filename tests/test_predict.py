@@ -230,6 +230,13 @@ def test_missing_model_or_card_is_one_line_naming_the_file(derm_raw, derm_model,
     missing.write_bytes(derm_model.read_bytes())
     assert main(["predict", "--model", str(missing), "--input", str(images_dir), "--out", str(tmp_path / "p.csv")]) == 2
     assert f"{missing.with_suffix('.json')}: the model card of best_personal.pt is missing" in error_line(capsys)
+    missing.with_suffix(".json").write_text("{not json")
+    assert main(["predict", "--model", str(missing), "--input", str(images_dir), "--out", str(tmp_path / "p.csv")]) == 2
+    assert f"{missing.with_suffix('.json')}: not a readable model card" in error_line(capsys)
+    missing.with_suffix(".json").write_text(derm_model.with_suffix(".json").read_text())
+    missing.write_bytes(derm_model.read_bytes()[:1000])  # truncated
+    assert main(["predict", "--model", str(missing), "--input", str(images_dir), "--out", str(tmp_path / "p.csv")]) == 2
+    assert f"cannot read checkpoint {missing}" in error_line(capsys)
     assert not (tmp_path / "p.csv").exists()
 
 

@@ -170,7 +170,7 @@ def _classify(saved: SavedModel, files: list[Path], out: Path, batch_size: int) 
     for chunk in _chunks(files, batch_size):
         probs = _probabilities(saved, np.stack([load_square(p, size) for p in chunk]))
         for path, p in zip(chunk, probs.tolist()):
-            rows.append([path.name, names[int(np.argmax(p))], *(f"{v:.6f}" for v in p)])
+            rows.append([path.name, names[int(np.argmax(p))], *(f"{v:.9g}" for v in p)])  # 9 digits: the float32 exactly
     save_text(_csv_text(["file", "predicted", *(f"p_{n}" for n in names)], rows), out)
     return len(rows)
 
