@@ -75,6 +75,49 @@ def test_report_builds_table_iii_and_the_overlay_figure(finished_run, tmp_path):
     assert "![overlays](overlays.png)" in text and (tmp_path / "report/overlays.png").stat().st_size > 0
 
 
+def test_predict_writes_the_trained_models_masks_on_each_raw_volumes_grid(finished_run, tmp_path):
+    """site-1's trained model on the raw RUNMC volumes its federation was prepared from: one mask per
+    volume with the volume's affine and shape, equal to the model's labels on the prepared test slices
+    taken back to the volume's grid; the summary counts its voxels."""
+    import csv
+
+    import nibabel as nib
+
+    from prrfl.data.augment import normalize
+    from prrfl.data.prostate.prepare import restore_labels
+    from prrfl.data.prostate.reader import from_canonical, load_image
+    from prrfl.data.prostate.store import load_split
+    from prrfl.inference import load_saved_model
+    from prrfl.predict import predict
+
+    ws, _ = finished_run
+    best = ws.with_name("ws.state") / "site-1/prostate_prr/best_personal.pt"
+    [federation] = (p.parent for p in (ws.parent / "cache").glob("prostate-synth-*/prepared"))
+    raw = federation / "raw/RUNMC"
+    result = predict(best, raw, tmp_path / "masks")
+    volumes = sorted(p for p in raw.glob("*.nii.gz") if "_segmentation" not in p.name.lower())
+    assert result.inputs == len(volumes) > 0
+    with open(tmp_path / "masks/summary.csv", newline="") as f:
+        summary = {r["file"]: r for r in csv.DictReader(f)}
+    test = load_split(federation / "prepared", "RUNMC", "test")
+    model = load_saved_model(best).model
+    compared = 0
+    for path in volumes:
+        stem = path.name[: -len(".nii.gz")]
+        source, written = nib.load(path), nib.load(tmp_path / f"masks/{stem}_mask.nii.gz")
+        mask = np.asanyarray(written.dataobj)
+        assert mask.shape == source.shape and np.array_equal(written.affine, source.affine) and mask.dtype == np.uint8
+        assert int(summary[path.name]["voxels_prostate"]) == int(mask.sum())
+        if stem in test.cases:
+            images, _ = test.volume(stem)
+            with torch.no_grad():
+                labels = model(normalize(images))[0].argmax(dim=1).numpy().astype(np.uint8)
+            volume = load_image(path)
+            np.testing.assert_array_equal(mask, from_canonical(restore_labels(labels, volume.image.shape), volume.ornt))
+            compared += 1
+    assert compared == len(test.cases) > 0
+
+
 def test_harmofl_runs_on_prostate_and_its_global_model_scores_the_pooled_volumes(tmp_path):
     from prrfl.crosseval import write_crosseval
 

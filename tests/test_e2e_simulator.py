@@ -104,6 +104,31 @@ def test_a_saved_best_model_is_evaluated_from_its_card_without_the_federation(fi
         evaluate_saved_model(copy, data_root)
 
 
+def test_predict_on_the_raw_jpegs_reproduces_the_reported_test_metrics(finished_run, tmp_path):
+    """The trained model of site-1 on the raw JPEGs the run's federation was prepared from (the simulator's
+    cache): its predictions for A's test images give the test metrics the site reported for it."""
+    import csv
+
+    import numpy as np
+
+    from prrfl.metrics import classification_metrics
+    from prrfl.predict import predict
+
+    ws, _ = finished_run
+    best = ws.with_name("ws.state") / "site-1/derm_prr/best_personal.pt"
+    [federation] = (p.parent for p in (ws.parent / "cache").glob("derm-synth-*/prepared"))
+    predict(best, federation / "raw/HAM10000_images", tmp_path / "pred.csv")
+    with open(tmp_path / "pred.csv", newline="") as f:
+        rows = {Path(r["file"]).stem: r for r in csv.DictReader(f)}
+    with np.load(federation / "prepared/A/test.npz") as z:
+        ids, labels = list(z["image_ids"]), z["labels"]
+    probs = np.array([[float(rows[i][f"p_{c}"]) for c in ("nv", "bkl", "mel")] for i in ids])
+    reported = json.loads(best.with_suffix(".json").read_text())["metrics"]["test"]
+    metrics = classification_metrics(probs, labels, 3)
+    assert {k: metrics[k] for k in ("f1", "acc", "bacc")} == {k: reported[k] for k in ("f1", "acc", "bacc")}
+    assert metrics["auc"] == pytest.approx(reported["auc"], abs=1e-9)  # ranks kept: the CSV holds the float32 values exactly
+
+
 def test_each_site_gets_its_own_pfa_download(finished_run):
     ws, _ = finished_run
     state = torch.load(ws.with_name("ws.state") / "server/derm_prr/server_state.pt", weights_only=False)

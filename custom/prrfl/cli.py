@@ -151,6 +151,26 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _predict(args: argparse.Namespace) -> int:
+    from prrfl.predict import predict
+
+    result = predict(args.model, args.input, args.out, args.device, args.batch_size)
+    what = "class probabilities" if result.task == "derm" else "masks"
+    print(f"{args.model}: {what} of {result.inputs} input(s) written to {result.out}")
+    return 0
+
+
+def _positive(text: str) -> int:
+    """An integer >= 1, for argparse."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from prrfl.sweep import sweep
 
@@ -222,6 +242,17 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--device", default="cpu")
     evaluate.add_argument("--json", action="store_true", help="print the whole result as JSON too")
     evaluate.set_defaults(func=_evaluate)
+    predict = sub.add_parser(
+        "predict", parents=[common],
+        help="a saved best model on new inputs, preprocessed as its card says: derm images -> a CSV of class "
+        "probabilities; prostate NIfTI volumes -> a <stem>_mask.nii.gz per volume on the input's grid, and summary.csv",
+    )
+    predict.add_argument("--model", required=True, help="a best_<role>.pt, its model card best_<role>.json beside it")
+    predict.add_argument("--input", required=True, help="derm: a JPEG/PNG image or a folder of them; prostate: a NIfTI volume or a folder of them")
+    predict.add_argument("--out", required=True, help="derm: the CSV file to write; prostate: the folder to write (new, empty or a previous output)")
+    predict.add_argument("--device", default="cpu")
+    predict.add_argument("--batch-size", type=_positive, help="images or slices per forward pass (default: the task's evaluation chunk)")
+    predict.set_defaults(func=_predict)
     sweep = sub.add_parser("sweep", parents=[common], help="run methods x seeds in the simulator one after another, then the report")
     sweep.add_argument("--methods", required=True, help="comma-separated methods; each runs its job <task>_<method>")
     sweep.add_argument("--task", default="derm", help="the task of every run (default: derm)")

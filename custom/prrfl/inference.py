@@ -44,7 +44,10 @@ def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu")
         raise FileNotFoundError(f"{path}: no such model file")
     if not card_file.is_file():
         raise FileNotFoundError(f"{card_file}: the model card of {path.name} is missing (every best model is saved with one)")
-    card = load_json(card_file)
+    try:
+        card = load_json(card_file)
+    except ValueError as e:  # not JSON (json.JSONDecodeError, UnicodeDecodeError)
+        raise ValueError(f"{card_file}: not a readable model card ({e})") from None
     if not isinstance(card, dict) or card.get("format") != MODEL_CARD_FORMAT:
         raise ValueError(f"{card_file}: not a model card of format {MODEL_CARD_FORMAT}")
     if card.get("model_file") != path.name:
@@ -55,7 +58,11 @@ def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu")
     task = build_task(cfg)
     model = build_method(cfg, task).build_model()
     try:
-        model.load_state_dict(load_torch(path, map_location=device))
+        state = load_torch(path, map_location=device)
+    except RuntimeError as e:  # truncated or not a checkpoint: an input the user can replace
+        raise ValueError(str(e)) from e
+    try:
+        model.load_state_dict(state)
     except RuntimeError as e:
         detail = " ".join(str(e).split())[:300]
         raise ValueError(f"{path}: the weights do not fit the {cfg.task}/{cfg.method} network its card describes: {detail}") from None

@@ -29,7 +29,7 @@ import numpy as np
 from prrfl.data.derm.splitting import check_fractions
 from prrfl.data.manifest import PreparedManifest, config_hash, write_manifest
 from .layout import MANIFEST_NAME, SPLITS, SYNTHETIC_MARKER, site
-from .reader import CaseFiles, ProstateCase, list_sites, load_case, to_display
+from .reader import CaseFiles, ProstateCase, from_display, list_sites, load_case, to_display
 from .splitting import patient_split
 from .store import save_split, split_path
 
@@ -78,12 +78,25 @@ def normalise_volume(stack: np.ndarray) -> np.ndarray:
     return np.asarray(out.as_tensor() if hasattr(out, "as_tensor") else out, dtype=np.float32)[0]
 
 
+def _square_offsets(h: int, w: int) -> tuple[int, int, int]:
+    """(side L = max(h, w), top, left) of an [h, w] slice centred in its zero-padded L x L square."""
+    side = max(h, w)
+    return side, (side - h) // 2, (side - w) // 2
+
+
 def square_pad(stack: np.ndarray) -> np.ndarray:
     """[Z,H,W] zero-padded, centred, to [Z,L,L] with L = max(H, W)."""
     _, h, w = stack.shape
-    side = max(h, w)
-    top, left = (side - h) // 2, (side - w) // 2
+    side, top, left = _square_offsets(h, w)
     return np.pad(stack, ((0, 0), (top, side - h - top), (left, side - w - left)))
+
+
+def square_crop(stack: np.ndarray, h: int, w: int) -> np.ndarray:
+    """The inverse of square_pad: the centred [Z,h,w] slices of a [Z,L,L] stack padded from them."""
+    side, top, left = _square_offsets(h, w)
+    if stack.shape[1:] != (side, side):
+        raise ValueError(f"expected [Z,{side},{side}] slices padded from {h} x {w}, got {list(stack.shape)}")
+    return stack[:, top : top + h, left : left + w]
 
 
 def resize_slices(stack: np.ndarray, size: int, *, nearest: bool) -> np.ndarray:
@@ -105,14 +118,28 @@ def resize_slices(stack: np.ndarray, size: int, *, nearest: bool) -> np.ndarray:
     return np.asarray(out.as_tensor() if hasattr(out, "as_tensor") else out, dtype=np.float32)
 
 
+def prepare_image(volume: np.ndarray, size: int) -> np.ndarray:
+    """uint8 [Z,1,S,S]: the stored slices of a RAS+ image volume (training data and new cases alike)."""
+    image = resize_slices(square_pad(normalise_volume(to_display(volume))), size, nearest=False)
+    return np.clip(np.rint(image * 255.0), 0, 255).astype(np.uint8)[:, None]
+
+
 def prepare_case(case: ProstateCase, size: int) -> tuple[np.ndarray, np.ndarray]:
     """(images uint8 [Z,1,S,S], masks uint8 [Z,S,S]) of one case, slices in order (inferior first)."""
-    image = square_pad(normalise_volume(to_display(case.image)))
-    mask = square_pad(to_display(case.mask))
-    image = resize_slices(image, size, nearest=False)
-    mask = resize_slices(mask, size, nearest=True)
-    images = np.clip(np.rint(image * 255.0), 0, 255).astype(np.uint8)[:, None]
-    return images, (mask > 0.5).astype(np.uint8)
+    mask = resize_slices(square_pad(to_display(case.mask)), size, nearest=True)
+    return prepare_image(case.image, size), (mask > 0.5).astype(np.uint8)
+
+
+def restore_labels(labels: np.ndarray, volume_shape: tuple[int, int, int]) -> np.ndarray:
+    """uint8 RAS+ [X,Y,Z]: per-slice labels [Z,S,S] on the prepared grid, taken back to the grid of the
+    RAS+ volume they were prepared from (the inverse of prepare_image's geometry: resized back to the
+    padded square with nearest neighbour, the padding cut off, the display view undone)."""
+    x, y, z = volume_shape
+    if labels.ndim != 3 or labels.shape[0] != z:
+        raise ValueError(f"expected [{z},S,S] labels for a volume of shape {list(volume_shape)}, got {list(labels.shape)}")
+    side, _, _ = _square_offsets(y, x)  # display slices are [Y, X]
+    square = resize_slices(labels, side, nearest=True)
+    return from_display(np.rint(square_crop(square, y, x)).astype(np.uint8))
 
 
 def _prepare_site(

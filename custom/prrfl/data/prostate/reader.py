@@ -151,8 +151,8 @@ def _reason(e: BaseException) -> str:
     return text if len(text) < 200 else text[:200] + "..."
 
 
-def _read_nifti(path: Path, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """(data, affine) of a 3-D NIfTI volume (a trailing singleton 4th axis is dropped)."""
+def _read_nifti(path: Path, what: str) -> tuple[np.ndarray, np.ndarray, nib.Nifti1Image | nib.Nifti2Image]:
+    """(data, affine, the nibabel image) of a 3-D NIfTI volume (a trailing singleton 4th axis is dropped)."""
     if not path.is_file():
         raise ProstateDataError(f"{what} file {path} is missing")
     expected = "expected a readable 3-D NIfTI volume (.nii or .nii.gz)"
@@ -174,7 +174,55 @@ def _read_nifti(path: Path, what: str) -> tuple[np.ndarray, np.ndarray]:
     affine = np.asarray(img.affine, dtype=np.float64)
     if not np.isfinite(affine).all() or abs(np.linalg.det(affine[:3, :3])) < 1e-9:
         raise ProstateDataError(f"{what} {path} has an invalid affine (not finite or singular): {affine.tolist()}")
-    return data, affine
+    return data, affine, img
+
+
+def _check_image_values(image: np.ndarray, path: Path) -> np.ndarray:
+    """float32 intensities of an image volume: finite and not constant."""
+    if not np.isfinite(image).all():
+        raise ProstateDataError(f"image {path} has non-finite voxels (NaN or inf); expected finite intensities")
+    image = image.astype(np.float32)
+    if float(image.max()) <= float(image.min()):
+        raise ProstateDataError(f"image {path} is constant ({float(image.min()):g}); expected an MR volume")
+    return image
+
+
+def canonical_orientation(affine: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(nibabel orientation of the stored axes, the voxel -> world affine of the volume reoriented to the
+    closest canonical RAS+ axes), as nibabel's as_closest_canonical."""
+    ornt = orientations.io_orientation(affine)
+    return ornt, affine @ orientations.inv_ornt_aff(ornt, tuple(shape))
+
+
+def to_canonical(volume: np.ndarray, ornt: np.ndarray, dtype: type) -> np.ndarray:
+    """A volume in stored voxel order -> RAS+ voxel order (`ornt` from canonical_orientation)."""
+    return np.ascontiguousarray(orientations.apply_orientation(volume, ornt), dtype=dtype)
+
+
+def from_canonical(volume: np.ndarray, ornt: np.ndarray) -> np.ndarray:
+    """The inverse of to_canonical: a RAS+ volume back in the stored voxel order of the file it came from."""
+    back = orientations.ornt_transform(orientations.axcodes2ornt(("R", "A", "S")), ornt)
+    return np.ascontiguousarray(orientations.apply_orientation(volume, back))
+
+
+@dataclass(frozen=True)
+class ImageVolume:
+    """One image volume without a mask (a new case to segment): RAS+ intensities and what undoes the reorientation."""
+
+    path: Path
+    image: np.ndarray  # float32 [X, Y, Z], RAS+ (as ProstateCase.image)
+    ornt: np.ndarray  # orientation of the stored axes: from_canonical(image, ornt) has the file's voxel order
+    source: nib.Nifti1Image | nib.Nifti2Image  # the file's header and affine (dataobj not read again)
+    shape: tuple[int, int, int]  # the stored voxel grid
+
+
+def load_image(path: str | Path) -> ImageVolume:
+    """Read, check and reorient one image volume as load_case does for a case's image."""
+    path = Path(path)
+    data, affine, img = _read_nifti(path, "image")
+    image = _check_image_values(data, path)
+    ornt, _ = canonical_orientation(affine, image.shape)
+    return ImageVolume(path, to_canonical(image, ornt, np.float32), ornt, img, tuple(int(v) for v in image.shape))
 
 
 def _check_mask_values(mask: np.ndarray, path: Path) -> np.ndarray:
@@ -193,18 +241,14 @@ def _check_mask_values(mask: np.ndarray, path: Path) -> np.ndarray:
 
 def load_case(files: CaseFiles) -> ProstateCase:
     """Read, check and reorient one case (image float32, mask uint8, both RAS+, slice axis last)."""
-    image, affine = _read_nifti(files.image, "image")
-    mask, mask_affine = _read_nifti(files.mask, "mask")
+    image, affine, _ = _read_nifti(files.image, "image")
+    mask, mask_affine, _ = _read_nifti(files.mask, "mask")
     if image.shape != mask.shape:
         raise ProstateDataError(
             f"mask {files.mask} has shape {list(mask.shape)} but its image {files.image.name} has "
             f"{list(image.shape)}; expected the same voxel grid"
         )
-    if not np.isfinite(image).all():
-        raise ProstateDataError(f"image {files.image} has non-finite voxels (NaN or inf); expected finite intensities")
-    image = image.astype(np.float32)
-    if float(image.max()) <= float(image.min()):
-        raise ProstateDataError(f"image {files.image} is constant ({float(image.min()):g}); expected an MR volume")
+    image = _check_image_values(image, files.image)
     mask = _check_mask_values(mask, files.mask)
 
     codes, mask_codes = orientations.aff2axcodes(affine), orientations.aff2axcodes(mask_affine)
@@ -223,10 +267,9 @@ def load_case(files: CaseFiles) -> ProstateCase:
     if np.any(np.abs(affine[:3, 3] - mask_affine[:3, 3]) > 0.5 * sizes.max()):
         warnings.append(f"mask {files.mask} has a different origin than its image: voxels are paired by index")
 
-    ornt = orientations.io_orientation(affine)
-    canonical = affine @ orientations.inv_ornt_aff(ornt, image.shape)  # as nibabel's as_closest_canonical
-    image = np.ascontiguousarray(orientations.apply_orientation(image, ornt), dtype=np.float32)
-    mask = np.ascontiguousarray(orientations.apply_orientation(mask, ornt), dtype=np.uint8)
+    ornt, canonical = canonical_orientation(affine, image.shape)
+    image = to_canonical(image, ornt, np.float32)
+    mask = to_canonical(mask, ornt, np.uint8)
     sx, sy, sz = (float(v) for v in nib.affines.voxel_sizes(canonical))
     spacing = (sx, sy, sz)
     if spacing[2] < min(spacing[:2]):

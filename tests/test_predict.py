@@ -1,0 +1,315 @@
+"""`prrfl predict`: a saved best model on raw images / NIfTI volumes, preprocessed as in training."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+from prrfl.cli import main
+from prrfl.config import RunConfig
+from prrfl.data.augment import normalize
+from prrfl.flare.jobs import job_config
+from prrfl.predict import predict
+from prrfl.registry import build_method, build_task
+from prrfl.site.state import SiteRuntime
+from prrfl.storage import save_json, save_torch
+
+DERM_DATA = {"image_size": 32}
+PROSTATE_DATA = {"image_size": 32, "model_width": 4}
+
+
+def saved_model(folder: Path, job: str, data: dict, cohort: str, seed: int = 0) -> Path:
+    """best_personal.pt and its card, as a site saves them (SiteRuntime.model_card), for a freshly built
+    network whose BatchNorm statistics are taken from smooth random images (a new network's are 0 and 1, which
+    leaves its outputs nearly constant), so that its outputs differ from input to input."""
+    cfg = RunConfig.from_dict({**job_config(job).to_dict(), "data": data})
+    task = build_task(cfg)
+    torch.manual_seed(seed)
+    model = build_method(cfg, task).build_model()
+    pre = task.preprocessing()
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average over the calibration batch
+    noise = torch.rand(16, pre["channels"], 8, 8)
+    calibration = torch.nn.functional.interpolate(noise, size=pre["image_size"], mode="bilinear") * 2 - 1
+    with torch.no_grad():
+        model.train()(calibration)
+    site = SimpleNamespace(cfg=cfg, task=task, run_id="r1", name="site-1", data=SimpleNamespace(cohort=cohort, num_train=10), data_root=None)
+    card = SiteRuntime.model_card(site, "personal", 0, {"x": 1.0}, {"x": 1.0})
+    path = folder / "best_personal.pt"
+    save_torch(model.state_dict(), path)
+    save_json(card, path.with_suffix(".json"))
+    return path
+
+
+def reloaded(path: Path) -> torch.nn.Module:
+    card = json.loads(path.with_suffix(".json").read_text())
+    cfg = RunConfig.from_dict(card["config"])
+    model = build_method(cfg, build_task(cfg)).build_model()
+    model.load_state_dict(torch.load(path))
+    return model.eval()
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# ----- dermoscopy -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def derm_raw(tmp_path_factory) -> tuple[Path, Path]:
+    """Site A of a synthetic federation: raw JPEGs in the HAM10000 layout, and the same prepared at 32 px."""
+    from prrfl.data.derm.prepare import prepare_dermoscopy
+    from prrfl.data.derm.synthetic import generate_synthetic
+
+    root = tmp_path_factory.mktemp("derm")
+    generate_synthetic(root / "raw", scale=0.005, seed=0, image_size=(48, 36), sites=("A",))
+    prepare_dermoscopy(root / "raw", root / "prepared", size=32, sites=("A",))
+    return root / "raw" / "HAM10000_images", root / "prepared" / "A"
+
+
+@pytest.fixture(scope="module")
+def derm_model(tmp_path_factory) -> Path:
+    return saved_model(tmp_path_factory.mktemp("derm_model"), "derm_prr", DERM_DATA, "A")
+
+
+def test_derm_probabilities_of_raw_jpegs_are_the_models_softmax_on_the_prepared_images(derm_raw, derm_model, tmp_path):
+    images_dir, prepared = derm_raw
+    out = tmp_path / "pred.csv"
+    result = predict(derm_model, images_dir, out, batch_size=5)  # chunks of 5: several forward passes
+    rows = {Path(r["file"]).stem: r for r in read_csv(out)}
+    assert result.inputs == len(rows) == len(list(images_dir.glob("*.jpg")))
+    model = reloaded(derm_model)
+    compared = 0
+    for split in ("train", "valid", "test"):
+        with np.load(prepared / f"{split}.npz") as z:
+            images, ids = torch.from_numpy(z["images"]), list(z["image_ids"])
+        with torch.no_grad():
+            expected = torch.softmax(model(normalize(images))[0], dim=1).numpy()
+        got = np.array([[float(rows[i][f"p_{c}"]) for c in ("nv", "bkl", "mel")] for i in ids])
+        np.testing.assert_allclose(got, expected, atol=2e-6)
+        compared += len(ids)
+    assert compared >= len(rows) - 2  # the site's images (the raw folder also holds a distractor or two)
+    assert np.ptp(got, axis=0).max() > 0.01  # the outputs depend on the image: the comparison is not trivial
+
+
+def test_derm_csv_one_row_per_image_in_sorted_order_probabilities_sum_to_one_argmax_named(derm_raw, derm_model, tmp_path, capsys):
+    images_dir, _ = derm_raw
+    out = tmp_path / "sub" / "pred.csv"
+    assert main(["predict", "--model", str(derm_model), "--input", str(images_dir), "--out", str(out), "--batch-size", "7"]) == 0
+    assert f"class probabilities of {len(list(images_dir.iterdir()))} input(s) written to {out}" in capsys.readouterr().out
+    with open(out, newline="") as f:
+        header = next(csv.reader(f))
+    assert header == ["file", "predicted", "p_nv", "p_bkl", "p_mel"]
+    rows = read_csv(out)
+    assert [r["file"] for r in rows] == sorted(p.name for p in images_dir.iterdir())
+    probs = np.array([[float(r[f"p_{c}"]) for c in ("nv", "bkl", "mel")] for r in rows])
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
+    assert [r["predicted"] for r in rows] == [("nv", "bkl", "mel")[i] for i in probs.argmax(axis=1)]
+    assert probs.std(axis=0).max() > 0.01  # the outputs depend on the image
+
+    single = tmp_path / "one.csv"  # a single image file as input
+    predict(derm_model, images_dir / rows[3]["file"], single)
+    [row] = read_csv(single)
+    assert (row["file"], row["predicted"]) == (rows[3]["file"], rows[3]["predicted"])
+    np.testing.assert_allclose([float(row[f"p_{c}"]) for c in ("nv", "bkl", "mel")], probs[3], atol=2e-6)  # batch of 1
+
+
+# ----- prostate MRI ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def prostate_raw(tmp_path_factory) -> tuple[Path, Path]:
+    """RUNMC of a synthetic federation: raw NIfTI cases (48 x 48 slices, LPS on disk) with their masks,
+    and the same prepared at 32 px."""
+    from prrfl.data.prostate.prepare import prepare_prostate
+    from prrfl.data.prostate.synthetic import generate_synthetic_prostate
+
+    root = tmp_path_factory.mktemp("prostate")
+    generate_synthetic_prostate(root / "raw", scale=0.1, seed=3, max_matrix=48, sites=["RUNMC", "BMC"])
+    prepare_prostate(root / "raw", root / "prepared", size=32, sites=["RUNMC", "BMC"])
+    return root / "raw" / "RUNMC", root / "prepared"
+
+
+@pytest.fixture(scope="module")
+def prostate_model(tmp_path_factory) -> Path:
+    return saved_model(tmp_path_factory.mktemp("prostate_model"), "prostate_prr", PROSTATE_DATA, "RUNMC", seed=1)
+
+
+def test_prostate_masks_are_on_the_inputs_grid_from_the_slices_training_prepared(prostate_raw, prostate_model, tmp_path):
+    from prrfl.data.prostate.prepare import prepare_image, restore_labels
+    from prrfl.data.prostate.reader import from_canonical, load_image
+    from prrfl.data.prostate.store import load_split
+
+    raw, prepared = prostate_raw
+    out = tmp_path / "masks"
+    result = predict(prostate_model, raw, out, batch_size=8)  # the cases' _Segmentation files are skipped
+    cases = sorted(p.name[: -len(".nii.gz")] for p in raw.glob("Case??.nii.gz"))
+    assert result.inputs == len(cases) and sorted(p.name for p in out.iterdir()) == sorted(
+        [f"{c}_mask.nii.gz" for c in cases] + ["summary.csv"]
+    )
+    model = reloaded(prostate_model)
+    summary = {r["file"]: r for r in read_csv(out / "summary.csv")}
+    for split in ("train", "valid", "test"):
+        s = load_split(prepared, "RUNMC", split)
+        for case, rows in s.volume_rows().items():
+            source = nib.load(raw / f"{case}.nii.gz")
+            written = nib.load(out / f"{case}_mask.nii.gz")
+            mask = np.asanyarray(written.dataobj)
+            assert mask.dtype == np.uint8 and mask.shape == source.shape and set(np.unique(mask)) <= {0, 1}
+            np.testing.assert_array_equal(written.affine, source.affine)
+            volume = load_image(raw / f"{case}.nii.gz")
+            slices = s.images[rows].numpy()
+            np.testing.assert_array_equal(prepare_image(volume.image, 32), slices)  # byte for byte the training slices
+            with torch.no_grad():
+                labels = model(normalize(torch.from_numpy(slices)))[0].argmax(dim=1).numpy().astype(np.uint8)
+            np.testing.assert_array_equal(mask, from_canonical(restore_labels(labels, volume.image.shape), volume.ornt))
+            assert int(summary[f"{case}.nii.gz"]["voxels_prostate"]) == int(mask.sum())
+
+
+def test_an_identity_size_volume_gets_the_models_argmax_on_its_prepared_slices_in_its_own_orientation(
+    prostate_raw, prostate_model, tmp_path
+):
+    """A 32 x 32 x Z volume stored L-P-S (no padding, no resizing at 32 px): the mask, seen in RAS+ by
+    nibabel, is the model's argmax on the slices preparation makes of the case."""
+    from prrfl.data.prostate.prepare import prepare_case
+    from prrfl.data.prostate.reader import CaseFiles, from_display, load_case
+
+    raw, _ = prostate_raw
+    source = nib.load(raw / "Case00.nii.gz")
+    assert nib.aff2axcodes(source.affine) == ("L", "P", "S")
+    image = np.asanyarray(source.dataobj)[8:40, 10:42, :]  # 32 x 32 in-plane
+    affine = source.affine.copy()
+    affine[:3, 3] = nib.affines.apply_affine(source.affine, (8, 10, 0))
+    folder = tmp_path / "in"
+    folder.mkdir()
+    nib.save(nib.Nifti1Image(image, affine), folder / "Case00.nii.gz")
+    truth = np.asanyarray(nib.load(raw / "Case00_Segmentation.nii.gz").dataobj)[8:40, 10:42, :]
+    nib.save(nib.Nifti1Image(truth, affine), tmp_path / "Case00_segmentation.nii.gz")
+
+    predict(prostate_model, folder, tmp_path / "out")
+    written = nib.load(tmp_path / "out" / "Case00_mask.nii.gz")
+    assert written.shape == image.shape and np.array_equal(written.affine, nib.load(folder / "Case00.nii.gz").affine)
+    case = load_case(CaseFiles("RUNMC", "Case00", folder / "Case00.nii.gz", tmp_path / "Case00_segmentation.nii.gz"))
+    slices, _ = prepare_case(case, 32)
+    with torch.no_grad():
+        labels = reloaded(prostate_model)(normalize(torch.from_numpy(slices)))[0].argmax(dim=1).numpy()
+    assert 0 < labels.sum() < labels.size  # both classes present: the comparison is not trivial
+    np.testing.assert_array_equal(np.asanyarray(nib.as_closest_canonical(written).dataobj), from_display(labels))
+
+
+def test_restore_labels_undoes_padding_and_resizing_of_a_non_square_volume():
+    from prrfl.data.prostate.prepare import resize_slices, restore_labels, square_pad
+    from prrfl.data.prostate.reader import to_display
+
+    rng = np.random.default_rng(0)
+    volume = (rng.random((12, 16, 3)) > 0.5).astype(np.uint8)  # RAS+ [X, Y, Z]: display slices 16 x 12, padded to 16
+    prepared = resize_slices(square_pad(to_display(volume)), 32, nearest=True).astype(np.uint8)  # 2x: exact
+    np.testing.assert_array_equal(restore_labels(prepared, volume.shape), volume)
+    assert restore_labels(np.ones((3, 32, 32), np.uint8), (12, 16, 3)).all()  # the padding is cut off
+
+
+# ----- errors -----------------------------------------------------------------------------------------
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("prrfl: error: ") and "\n" not in err, err
+    return err
+
+
+def test_missing_model_or_card_is_one_line_naming_the_file(derm_raw, derm_model, tmp_path, capsys):
+    images_dir, _ = derm_raw
+    missing = tmp_path / "best_personal.pt"
+    assert main(["predict", "--model", str(missing), "--input", str(images_dir), "--out", str(tmp_path / "p.csv")]) == 2
+    assert f"{missing}: no such model file" in error_line(capsys)
+    missing.write_bytes(derm_model.read_bytes())
+    assert main(["predict", "--model", str(missing), "--input", str(images_dir), "--out", str(tmp_path / "p.csv")]) == 2
+    assert f"{missing.with_suffix('.json')}: the model card of best_personal.pt is missing" in error_line(capsys)
+    missing.with_suffix(".json").write_text("{not json")
+    assert main(["predict", "--model", str(missing), "--input", str(images_dir), "--out", str(tmp_path / "p.csv")]) == 2
+    assert f"{missing.with_suffix('.json')}: not a readable model card" in error_line(capsys)
+    missing.with_suffix(".json").write_text(derm_model.with_suffix(".json").read_text())
+    missing.write_bytes(derm_model.read_bytes()[:1000])  # truncated
+    assert main(["predict", "--model", str(missing), "--input", str(images_dir), "--out", str(tmp_path / "p.csv")]) == 2
+    assert f"cannot read checkpoint {missing}" in error_line(capsys)
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_inputs_of_the_other_task_and_empty_folders_are_refused_by_name(derm_raw, derm_model, prostate_raw, prostate_model, tmp_path, capsys):
+    images_dir, _ = derm_raw
+    raw, _ = prostate_raw
+    out = tmp_path / "out"
+    assert main(["predict", "--model", str(prostate_model), "--input", str(images_dir), "--out", str(out)]) == 2
+    assert f"input folder {images_dir} holds JPEG/PNG images, but {prostate_model} (a prostate model) takes NIfTI volumes" in error_line(capsys)
+    assert main(["predict", "--model", str(derm_model), "--input", str(raw), "--out", str(out)]) == 2
+    assert f"input folder {raw} holds NIfTI volumes, but {derm_model} (a derm model) takes JPEG/PNG images" in error_line(capsys)
+    assert main(["predict", "--model", str(derm_model), "--input", str(raw / "Case00.nii.gz"), "--out", str(out)]) == 2
+    assert f"{raw / 'Case00.nii.gz'} is one of the NIfTI volumes, but {derm_model}" in error_line(capsys)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("no image here")
+    assert main(["predict", "--model", str(derm_model), "--input", str(empty), "--out", str(out)]) == 2
+    assert f"input folder {empty} holds no JPEG/PNG images (.jpg, .jpeg, .png)" in error_line(capsys)
+    assert main(["predict", "--model", str(derm_model), "--input", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+    assert f"{tmp_path / 'nowhere'}: no such input file or folder" in error_line(capsys)
+    assert not out.exists()
+
+
+def test_an_unreadable_image_or_volume_names_the_file_and_leaves_nothing_at_out(
+    derm_raw, derm_model, prostate_raw, prostate_model, tmp_path, capsys
+):
+    images_dir, _ = derm_raw
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for p in sorted(images_dir.iterdir())[:4]:
+        (folder / p.name).write_bytes(p.read_bytes())
+    (folder / "zz_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    out = tmp_path / "pred.csv"
+    assert main(["predict", "--model", str(derm_model), "--input", str(folder), "--out", str(out), "--batch-size", "2"]) == 2
+    assert f"cannot read image {folder / 'zz_broken.jpg'}" in error_line(capsys)
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+    raw, _ = prostate_raw
+    volumes = tmp_path / "volumes"
+    volumes.mkdir()
+    (volumes / "Case00.nii.gz").write_bytes((raw / "Case00.nii.gz").read_bytes())
+    (volumes / "Case01.nii.gz").write_bytes((raw / "Case01.nii.gz").read_bytes()[:400])  # truncated
+    masks = tmp_path / "masks"
+    assert main(["predict", "--model", str(prostate_model), "--input", str(volumes), "--out", str(masks)]) == 2
+    assert str(volumes / "Case01.nii.gz") in error_line(capsys)
+    assert not masks.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_card_whose_preprocessing_disagrees_with_its_config_is_refused(derm_raw, derm_model, tmp_path, capsys):
+    images_dir, _ = derm_raw
+    model = tmp_path / "best_personal.pt"
+    model.write_bytes(derm_model.read_bytes())
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    card["preprocessing"]["image_size"] = 48
+    model.with_suffix(".json").write_text(json.dumps(card))
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
+    assert f"{model.with_suffix('.json')}: its preprocessing says image_size 48 but its config builds image_size 32" in error_line(capsys)
+    assert not out.exists()
+
+
+def test_the_output_must_be_of_the_tasks_kind_and_a_folder_of_other_files_is_kept(derm_raw, derm_model, prostate_raw, prostate_model, tmp_path, capsys):
+    images_dir, _ = derm_raw
+    raw, _ = prostate_raw
+    assert main(["predict", "--model", str(derm_model), "--input", str(images_dir), "--out", str(tmp_path)]) == 2
+    assert f"{tmp_path} is a folder, but a derm model writes one CSV file" in error_line(capsys)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "report.docx").write_text("keep me")
+    assert main(["predict", "--model", str(prostate_model), "--input", str(raw / "Case00.nii.gz"), "--out", str(busy)]) == 2
+    assert f"output folder {busy} holds other files (report.docx)" in error_line(capsys)
+    assert sorted(p.name for p in busy.iterdir()) == ["report.docx"]
+    out = tmp_path / "masks"  # a previous output is replaced whole
+    predict(prostate_model, raw, out)
+    predict(prostate_model, raw / "Case01.nii.gz", out)
+    assert sorted(p.name for p in out.iterdir()) == ["Case01_mask.nii.gz", "summary.csv"]
