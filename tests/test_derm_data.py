@@ -420,11 +420,14 @@ def test_cli_synth_and_prepare(tmp_path, capsys):
                 "16",
                 "--group-by",
                 "lesion",
+                "--enforce-heldout-min",
             ]
         )
         == 0
     )
     out = capsys.readouterr().out
-    assert "vidir_molemax" in out and "train" in out and "= " in out
+    assert "vidir_molemax" in out and "train" in out and "= " in out and "fewer than" not in out
+    assert cli.main(["prepare", "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "q"), "--heldout-min-per-class", "0"]) == 2
+    assert "heldout_min_per_class must be an integer >= 1, got 0" in capsys.readouterr().err
     assert cli.main(["splits", "--dir", str(AUTHORS_COPY)]) == 0
     assert "1282/333/476 = 2091" in capsys.readouterr().out

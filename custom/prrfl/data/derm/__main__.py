@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--no-distractors", action="store_true", help="omit the rows the loaders must drop")
     s.add_argument(
-        "--heldout-min",
+        "--heldout-min-per-class",
         type=int,
         default=HELDOUT_MIN_PER_CLASS,
         metavar="M",
@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--isic-root", default=None, help="folder holding ISIC-2017/ (default: --raw)")
     q.add_argument("--sites", nargs="+", default=list(SITE_NAMES), choices=SITE_NAMES)
     q.add_argument(
-        "--heldout-min",
+        "--heldout-min-per-class",
         type=int,
         default=HELDOUT_MIN_PER_CLASS,
         metavar="M",
@@ -96,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
             workers=args.workers,
             metadata_dir=args.author_metadata,
             distractors=not args.no_distractors,
-            heldout_min_per_class=args.heldout_min,
+            heldout_min_per_class=args.heldout_min_per_class,
             overwrite=args.overwrite,
         )
         print(f"{'site':<5}{'nv':>7}{'bkl':>7}{'mel':>7}")
@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
             isic_root=args.isic_root,
             workers=args.workers,
             allow_missing=args.allow_missing,
-            heldout_min_per_class=args.heldout_min,
+            heldout_min_per_class=args.heldout_min_per_class,
             enforce_heldout_min=args.enforce_heldout_min,
         )
         print_prepared(m, args.out, t0)
