@@ -268,6 +268,8 @@ def test_real_data_keeps_its_split_and_is_warned_about_small_heldout_classes(pre
         for c in ("bkl", "mel")
     ]
     assert "site B: valid holds 2 mel image(s)" in caplog.text
+    no_valid = prepare_dermoscopy(raw, tmp_path / "r", size=16, sites=("B",), split=(0.8, 0, 0.2), heldout_min_per_class=3)
+    assert no_valid.counts("B", "valid") == (0, 0, 0) and no_valid.data["warnings"] == []  # unused: no warning
 
 
 def test_ood_is_test_only(prepared):
@@ -427,7 +429,8 @@ def test_cli_synth_and_prepare(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "vidir_molemax" in out and "train" in out and "= " in out and "fewer than" not in out
-    assert cli.main(["prepare", "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "q"), "--heldout-min-per-class", "0"]) == 2
+    bad_m = ["prepare", "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "q"), "--heldout-min-per-class", "0"]
+    assert cli.main(bad_m) == 2
     assert "heldout_min_per_class must be an integer >= 1, got 0" in capsys.readouterr().err
     assert cli.main(["splits", "--dir", str(AUTHORS_COPY)]) == 0
     assert "1282/333/476 = 2091" in capsys.readouterr().out

@@ -1,9 +1,9 @@
 """What the synthetic federation contains, decided without drawing a pixel: counts, ids, lesions, metadata.
 
-Counts follow Table I scaled by `scale`, raised to a per-class floor of M images per split the
-cohort has (table_counts: 3M at a training site, M at the test-only cohort, M =
+Counts follow Table I scaled by `scale`, raised to a per-class floor of M images for each split
+the cohort has (table_counts: 3M at a training site, M at the test-only cohort; M =
 heldout_min_per_class, splitting.py), so that train, valid and test each hold every class at least
-M times once split with that minimum; images are grouped into lesions (some
+M times once split with that minimum. Images are grouped into lesions (some
 lesions photographed 2-3 times, at the sites where HAM10000 has such lesions) and, optionally,
 take the real ids / lesion ids / demographics of the authors' split files, so that only the
 pixels are synthetic. Each image carries two seeds: its lesion's (shape, colours) and its own

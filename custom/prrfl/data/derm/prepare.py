@@ -2,11 +2,11 @@
 
 Images: RGB, centre square crop on the shorter side, bicubic resize to `size` (the paper: 128).
 Splits: stratified 7:1:2 per site and class (splitting.py), by image or by lesion, or the authors'
-assignment of ids to splits. M = `heldout_min_per_class` (splitting.HELDOUT_MIN_PER_CLASS): a
-held-out split (valid or test; test of the out-of-distribution cohort) holding fewer than M images
-of a class is warned about, naming site, split and class, since its macro F1 then turns on one or
-two images; the split itself is changed only with `enforce_heldout_min` (the stratified rule then
-takes at least M per held-out split from train, as the embedded synthetic federation does). The out-of-distribution cohort (test_only) is never split: all its
+assignment of ids to splits. A held-out split (valid, test) that holds images but fewer than M =
+`heldout_min_per_class` (splitting.HELDOUT_MIN_PER_CLASS) of a class is warned about, naming site,
+split and class: its macro F1 then turns on one or two images. The split itself changes only with
+`enforce_heldout_min` (the stratified rule then takes at least M per held-out split from train, as
+for the embedded synthetic federation). The out-of-distribution cohort (test_only) is never split: all its
 images are its test split, and its train/valid files exist but are empty, so every site has the
 same three files. Each file is written atomically and manifest.json last, after removing any old
 one first: a folder with a manifest is complete.
@@ -207,7 +207,7 @@ def _write_splits(
                         msg = f"site {s}: class {CLASS_NAMES[c]} is absent from train"
                         log.warning(msg)
                         warnings.append(msg)
-                elif name == "test" or (name == "valid" and not spec.test_only):
+                elif chosen:  # a held-out split in use (empty: its fraction is 0, or the test-only cohort's valid)
                     for c in np.flatnonzero(counts < heldout_min):
                         msg = (
                             f"site {s}: {name} holds {counts[c]} {CLASS_NAMES[c]} image(s), fewer than "

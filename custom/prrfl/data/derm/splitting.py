@@ -2,16 +2,16 @@
 
 Rule (per class, so every split keeps the site's class mix): the class's images are grouped into
 units (a lesion's images when grouping by lesion, else single images), shuffled with the seed,
-and units fill `test` until it holds max(1, M, round(f_test * n)) images, then `valid` likewise,
-and the rest goes to `train`, where M = `heldout_min_per_class` (1 unless asked for: then the
-7:1:2 fractions alone decide). A held-out split only takes a unit while the later splits and
-train still get one unit each, so `train` always keeps at least one unit of the class and, when
-units run short of M, `test` is filled first. With single-image units and n >= 2M + 1 images,
-valid and test each hold exactly max(M, round(f * n)) images of the class (f > 0). A class with
-fewer units than splits (3 for 7:1:2) goes entirely into train, with a warning (a test set with 1
-image of a class measures nothing, a train set without it cannot learn it). Counts are exact at
-image level; with lesion grouping they are as close as whole lesions allow (at least the target
-when units suffice). This is scikit-learn's StratifiedShuffleSplit / StratifiedGroupKFold idea,
+and units fill `test` until it holds max(M, round(f_test * n)) images, then `valid` likewise, and
+the rest goes to `train`; M = `heldout_min_per_class`, 1 unless asked for (then the fractions alone
+decide). A held-out split takes a unit only while the later splits and train can still get one
+unit each, so `train` always keeps at least one unit of the class, and when units run short of M,
+`test` is filled first. With single-image units and n >= 2M + 1 images, valid and test each hold
+exactly max(M, round(f * n)) images of the class. Only splits with a non-zero fraction are filled.
+A class with fewer units than such splits (3 for 7:1:2) goes entirely into train, with a warning
+(a test set with 1 image of a class measures nothing, a train set without it cannot learn it).
+Counts are exact at image level; with lesion grouping a split gets whole lesions until it holds at
+least its target. This is scikit-learn's StratifiedShuffleSplit / StratifiedGroupKFold idea,
 written out because those need >= 2 members per class and round differently per split.
 
 M: with M images of a class in a held-out split, one image moves that class's recall by at most
@@ -54,10 +54,10 @@ def check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
     return tuple(float(f) for f in fractions)  # type: ignore[return-value]
 
 
-def check_heldout_min(value: object, field: str = "heldout_min_per_class") -> int:
-    """M as given, or a ValueError naming `field` (M must be an integer >= 1)."""
+def check_heldout_min(value: object) -> int:
+    """M as given, or a ValueError naming the field heldout_min_per_class (M must be an integer >= 1)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+        raise ValueError(f"heldout_min_per_class must be an integer >= 1, got {value!r}")
     return value
 
 
