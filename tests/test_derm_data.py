@@ -268,7 +268,9 @@ def test_real_data_keeps_its_split_and_is_warned_about_small_heldout_classes(pre
         for c in ("bkl", "mel")
     ]
     assert "site B: valid holds 2 mel image(s)" in caplog.text
-    no_valid = prepare_dermoscopy(raw, tmp_path / "r", size=16, sites=("B",), split=(0.8, 0, 0.2), heldout_min_per_class=3)
+    no_valid = prepare_dermoscopy(
+        raw, tmp_path / "r", size=16, sites=("B",), split=(0.8, 0, 0.2), heldout_min_per_class=3
+    )
     assert no_valid.counts("B", "valid") == (0, 0, 0) and no_valid.data["warnings"] == []  # unused: no warning
 
 
