@@ -26,9 +26,10 @@ from prrfl.data.derm.layout import SPLITS
 from prrfl.data.derm.plan import table_counts
 from prrfl.data.derm.prepare import Manifest, prepare_dermoscopy
 from prrfl.data.derm.records import read_ham10000, read_isic2017
-from prrfl.data.derm.splitting import stratified_assignment
+from prrfl.data.derm.splitting import HELDOUT_MIN_PER_CLASS, stratified_assignment
 from prrfl.data.derm.store import class_counts, load_split
 from prrfl.data.derm.synthetic import generate_synthetic
+from prrfl.tasks.derm import DermTask
 
 AUTHORS_COPY = Path(__file__).parent / "data" / "authors_splits"
 
@@ -184,6 +185,35 @@ def test_stratified_assignment_exact_counts_and_small_classes():
     assert out[13:] == ["train", "train"] and "class mel has only 2 image(s)" in warnings[0] and "site X" in warnings[0]
 
 
+def test_heldout_minimum_exact_counts():
+    labels = [0] * 40 + [1] * 12 + [2] * 8
+    out, warnings = stratified_assignment(labels, (0.7, 0.1, 0.2), seed=3, heldout_min_per_class=5)
+    per = Counter(zip(labels, out, strict=True))
+    # test = max(M, round(0.2 n)), valid = max(M, round(0.1 n)), train the rest:
+    assert [per[(0, s)] for s in SPLITS] == [27, 5, 8]  # n = 40: test 8, valid max(5, 4) = 5
+    assert [per[(1, s)] for s in SPLITS] == [2, 5, 5]  # n = 12: test max(5, 2), valid max(5, 1)
+    # n = 8 < 2M + 1: test is filled first, valid takes what leaves train one image
+    assert [per[(2, s)] for s in SPLITS] == [1, 2, 5] and not warnings
+    out, _ = stratified_assignment(labels, (0.7, 0.1, 0.2), seed=3)  # M = 1: the fractions alone
+    per = Counter(zip(labels, out, strict=True))
+    assert [[per[(c, s)] for s in SPLITS] for c in range(3)] == [[28, 4, 8], [9, 1, 2], [5, 1, 2]]
+    grouped, _ = stratified_assignment(  # whole lesions: at least M images when the units suffice
+        [0] * 30, (0.7, 0.1, 0.2), seed=1, groups=[f"L{i // 2}" for i in range(30)], heldout_min_per_class=5
+    )
+    assert grouped.count("test") == 6 and grouped.count("valid") == 6 and grouped.count("train") == 18
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True, "8"])
+def test_invalid_heldout_minimum_is_refused_naming_the_field(bad, raw, tmp_path):
+    with pytest.raises(ValueError, match=f"heldout_min_per_class must be an integer >= 1, got {bad!r}"):
+        stratified_assignment([0] * 10, (0.7, 0.1, 0.2), seed=0, heldout_min_per_class=bad)
+    with pytest.raises(ValueError, match="heldout_min_per_class must be an integer >= 1"):
+        table_counts(0.08, heldout_min_per_class=bad)
+    with pytest.raises(ValueError, match="heldout_min_per_class must be an integer >= 1"):
+        prepare_dermoscopy(raw, tmp_path / "p", size=16, sites=("A",), heldout_min_per_class=bad)
+    assert not (tmp_path / "p").exists()
+
+
 def test_lesion_with_two_classes_is_an_error():
     with pytest.raises(ValueError, match="lesion L1 has images of different classes"):
         stratified_assignment([0, 1, 0], (0.7, 0.1, 0.2), 0, groups=["L1", "L1", "L2"], context="site A")
@@ -212,6 +242,36 @@ def test_prepared_splits_shapes_proportions_and_no_overlap(prepared, raw):
         assert abs(n["test"] / sum(n.values()) - 0.2) < 0.06 and abs(n["valid"] / sum(n.values()) - 0.1) < 0.06
     a = load_split(prepared, "A", "train")
     assert a.images.float().std() > 10  # pictures, not blanks
+
+
+def test_real_data_keeps_its_split_and_is_warned_about_small_heldout_classes(prepared, raw, tmp_path, caplog):
+    # raw at scale 0.02: 24 bkl and 24 mel at B (the synthetic floor 3M); prepared like a user's files,
+    # without enforce_heldout_min: 7:1:2 as before, valid round(2.4) = 2, test round(4.8) = 5 of each
+    m = Manifest.load(prepared)
+    assert m.data["config"]["heldout_min_per_class"] == 8 and m.data["config"]["enforce_heldout_min"] is False
+    assert [m.counts("B", s) for s in SPLITS] == [(52, 17, 17), (7, 2, 2), (15, 5, 5)]
+    assert "site B: valid holds 2 mel image(s), fewer than heldout_min_per_class=8" in "\n".join(m.data["warnings"])
+    flagged = {(w.split(":")[0], w.split()[2], w.split()[5]) for w in m.data["warnings"] if "heldout_min" in w}
+    # below 8 in valid and test at this scale: every class of every training site (A nv: 4 and 7) but B's
+    # 15 nevi in test; OOD has 8 of each
+    every = {(f"site {s}", split, c) for s in "ABCD" for split in ("valid", "test") for c in ("nv", "bkl", "mel")}
+    assert flagged == every - {("site B", "test", "nv")}
+    enforced = prepare_dermoscopy(raw, tmp_path / "p", size=16, sites=("B", "OOD"), enforce_heldout_min=True)
+    # test = max(8, round(0.2 n)), valid = max(8, round(0.1 n)): nv 74 -> 15 / 8, bkl and mel 24 -> 8 / 8
+    assert [enforced.counts("B", s) for s in SPLITS] == [(51, 8, 8), (8, 8, 8), (15, 8, 8)]
+    assert enforced.data["warnings"] == []
+    caplog.set_level("WARNING")
+    lenient = prepare_dermoscopy(raw, tmp_path / "q", size=16, sites=("B",), heldout_min_per_class=3)
+    assert [lenient.counts("B", s) for s in SPLITS] == [(52, 17, 17), (7, 2, 2), (15, 5, 5)]
+    assert lenient.data["warnings"] == [
+        f"site B: valid holds 2 {c} image(s), fewer than heldout_min_per_class=3: its macro F1 turns on very few images"
+        for c in ("bkl", "mel")
+    ]
+    assert "site B: valid holds 2 mel image(s)" in caplog.text
+    no_valid = prepare_dermoscopy(
+        raw, tmp_path / "r", size=16, sites=("B",), split=(0.8, 0, 0.2), heldout_min_per_class=3
+    )
+    assert no_valid.counts("B", "valid") == (0, 0, 0) and no_valid.data["warnings"] == []  # unused: no warning
 
 
 def test_ood_is_test_only(prepared):
@@ -324,6 +384,32 @@ def test_concurrent_ensure_builds_once(tmp_path):
     assert _ensure(cache) == results[0] and Manifest.load(root).size == 16
 
 
+# hand-computed: n = round(Table I x 0.08) per class, at least 3M = 24 (plan.table_counts); then
+# test = max(M, round(0.2 n)), valid = max(M, round(0.1 n)), train the rest, M = 8
+DEFAULT_SPLIT_COUNTS = {
+    "A": {"train": (103, 22, 35), "valid": (15, 8, 8), "test": (29, 8, 11)},  # 147, 38, 54
+    "B": {"train": (208, 8, 8), "valid": (30, 8, 8), "test": (60, 8, 8)},  # 298, 24, 24
+    "C": {"train": (43, 23, 11), "valid": (8, 8, 8), "test": (13, 8, 8)},  # 64, 39, 27
+    "D": {"train": (77, 8, 14), "valid": (11, 8, 8), "test": (22, 8, 8)},  # 110, 24, 30
+    "OOD": {"train": (0, 0, 0), "valid": (0, 0, 0), "test": (28, 8, 8)},  # 28, 8, 8: test only
+}
+
+
+def test_the_default_jobs_federation_holds_every_class_m_times_in_valid_and_test(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRRFL_CACHE", str(tmp_path / "cache"))
+    task = DermTask({"image_size": 16, "synthetic_raw_size": [48, 36]})  # default scale, seeds and M; small pixels
+    root = task.prepared_root(None)
+    m = Manifest.load(root)
+    for s, by_split in DEFAULT_SPLIT_COUNTS.items():
+        for split, expected in by_split.items():
+            assert class_counts(load_split(root, s, split)) == expected == m.counts(s, split), (s, split)
+            if split == "test" or (split == "valid" and s != "OOD"):
+                assert min(expected) >= HELDOUT_MIN_PER_CLASS
+    assert m.data["config"]["enforce_heldout_min"] is True and m.data["warnings"] == []
+    train = sum(sum(DEFAULT_SPLIT_COUNTS[s]["train"]) for s in "ABCD")
+    assert train == 560  # 586 with the floor of 3 per class alone: 26 training images moved to valid and test
+
+
 def test_cli_synth_and_prepare(tmp_path, capsys):
     assert cli.main(["synth", "--out", str(tmp_path / "raw"), "--scale", "0.005", "--size", "48x36"]) == 0
     assert (
@@ -338,11 +424,15 @@ def test_cli_synth_and_prepare(tmp_path, capsys):
                 "16",
                 "--group-by",
                 "lesion",
+                "--enforce-heldout-min",
             ]
         )
         == 0
     )
     out = capsys.readouterr().out
-    assert "vidir_molemax" in out and "train" in out and "= " in out
+    assert "vidir_molemax" in out and "train" in out and "= " in out and "fewer than" not in out
+    bad_m = ["prepare", "--raw", str(tmp_path / "raw"), "--out", str(tmp_path / "q"), "--heldout-min-per-class", "0"]
+    assert cli.main(bad_m) == 2
+    assert "heldout_min_per_class must be an integer >= 1, got 0" in capsys.readouterr().err
     assert cli.main(["splits", "--dir", str(AUTHORS_COPY)]) == 0
     assert "1282/333/476 = 2091" in capsys.readouterr().out

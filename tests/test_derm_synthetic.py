@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from PIL import Image
 from prrfl.data.derm import lesions, synthetic
 from prrfl.data.derm.layout import DEFAULT_LAYOUT as L
 from prrfl.data.derm.layout import SITES
-from prrfl.data.derm.plan import MIN_PER_CLASS, plan_federation, table_counts
+from prrfl.data.derm.plan import class_floor, plan_federation, table_counts
+from prrfl.data.derm.splitting import HELDOUT_MIN_PER_CLASS
 from prrfl.data.derm.records import read_sites
 from prrfl.data.derm.synthetic import generate_synthetic, render_synthetic_image
 
@@ -34,14 +36,31 @@ def test_table_counts_scale_one_is_table_i():
 
 
 def test_table_counts_scaled_keep_proportions_and_minimum():
+    assert HELDOUT_MIN_PER_CLASS == 8
+    assert [class_floor(s) for s in ("A", "B", "C", "D", "OOD")] == [24, 24, 24, 24, 8]  # M per split the site has
     small = table_counts(0.01)
-    assert all(min(c) >= MIN_PER_CLASS for c in small.values())
+    assert all(min(c) >= class_floor(name) for name, c in small.items())
     half = table_counts(0.5)
     for name, s in SITES.items():
         for got, full in zip(half[name], s.table, strict=True):
-            assert got == max(MIN_PER_CLASS, int(full * 0.5 + 0.5))
+            assert got == max(class_floor(name), int(full * 0.5 + 0.5))
     with pytest.raises(ValueError, match="scale"):
         table_counts(0)
+
+
+def test_table_counts_of_the_default_job():
+    # round-half-up(Table I x 0.08), raised to 3M = 24 per class at a training site, M = 8 at the
+    # test-only cohort: B 124 x 0.08 = 9.92 -> 10 -> 24 keratoses, 24 x 0.08 = 1.92 -> 2 -> 24
+    # melanomas; D 254 x 0.08 = 20.32 -> 20 -> 24 keratoses; OOD 0.8 -> 1 -> 8, 5.36 -> 5 -> 8
+    assert table_counts(0.08) == {
+        "A": (147, 38, 54),
+        "B": (298, 24, 24),
+        "C": (64, 39, 27),
+        "D": (110, 24, 30),
+        "OOD": (28, 8, 8),
+    }
+    assert table_counts(0.08, heldout_min_per_class=1)["B"] == (298, 10, 3)  # the floor of 3 per class alone
+    assert table_counts(1.0, heldout_min_per_class=9)["B"] == (3720, 124, 27)  # M = 9 would no longer be Table I
 
 
 def test_plan_counts_ids_and_lesion_groups():
@@ -76,6 +95,9 @@ def test_plan_can_borrow_the_authors_metadata():
 def test_layout_is_written_and_read_by_the_real_loaders(raw):
     assert (raw / L.ham_csv).is_file() and (raw / L.isic_dir / L.isic_csv).is_file()
     assert (raw / L.isic_dir / L.msk_ids).is_file() and (raw / "synthetic.json").is_file()
+    info = json.loads((raw / "synthetic.json").read_text())
+    assert info["heldout_min_per_class"] == HELDOUT_MIN_PER_CLASS
+    assert info["counts"]["B"] == {"nv": 37, "bkl": 24, "mel": 24}  # 3720 x 0.01 = 37.2; 1.24 and 0.24 -> 3M
     assert not [p for p in raw.parent.iterdir() if p.name.startswith(".")]  # no temp folder left
     records = read_sites(raw, list(SITES))
     for s, recs in records.items():

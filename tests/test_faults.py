@@ -164,7 +164,8 @@ def test_a_site_with_corrupt_local_data_fails_at_start_and_the_others_train(depl
     healthy = sorted(s for s in dep.kits.sites if s != broken)
     cohort = json.loads((dep.kits.kit(broken) / "local/prrfl_site.json").read_text())["cohort"]
     prepared = ensure_synthetic_federation(dep.root / "cache", scale=TINY_DATA["synthetic_scale"], seed=0,
-                                           raw_size=tuple(TINY_DATA["synthetic_raw_size"]), size=TINY_DATA["image_size"])
+                                           raw_size=tuple(TINY_DATA["synthetic_raw_size"]), size=TINY_DATA["image_size"],
+                                           heldout_min_per_class=TINY_DATA["heldout_min_per_class"])
     data_root = tmp_path / "hospital_disk"
     shutil.copytree(prepared, data_root)
     bad_file = data_root / cohort / "train.npz"

@@ -228,6 +228,12 @@ def test_data_options_are_checked_with_their_path():
     assert "must be a list of 2 integers, got [300, 22.5]" in refused({"data": {"synthetic_raw_size": [300, 22.5]}})
     assert "must be an integer, got 1.5" in refused({"data": {"split_seed": 1.5}})
     assert "must be one of ['image', 'lesion'], got 'lesions'" in refused({"data": {"group_by": "lesions"}})
+    assert refused({"data": {"heldout_min_per_class": 0}}) == (
+        "derm data option 'heldout_min_per_class' must be an integer >= 1, got 0 (config field 'data.heldout_min_per_class')"
+    )
+    assert "must be an integer, got 2.5 (config field 'data.heldout_min_per_class')" in refused(
+        {"data": {"heldout_min_per_class": 2.5}}
+    )
     assert "(did you mean 'image_size'?)" in refused({"data": {"img_size": 32}})
     assert validate_config({"data": {"synthetic_raw_size": [96, 72], "synthetic_scale": 1}}).data["synthetic_scale"] == 1
 

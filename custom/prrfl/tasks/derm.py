@@ -19,6 +19,7 @@ import torch
 from prrfl.config import check_options, config_error
 from prrfl.data.augment import DermAugment, normalize
 from prrfl.data.derm import ensure_synthetic_federation, load_split
+from prrfl.data.derm.splitting import HELDOUT_MIN_PER_CLASS
 from prrfl.data.derm.store import split_path
 from prrfl.models import SlimVGG16BN
 from prrfl.tasks.base import SiteData, Split
@@ -34,6 +35,7 @@ class DermData(TypedDict):
     synthetic_raw_size: tuple[int, int]
     split_seed: int
     group_by: Literal["image", "lesion"]
+    heldout_min_per_class: int
 
 
 DEFAULT_DATA: dict[str, Any] = {
@@ -43,6 +45,9 @@ DEFAULT_DATA: dict[str, Any] = {
     "synthetic_raw_size": [300, 225],  # JPEG size written by the generator (HAM10000: 600x450)
     "split_seed": 0,
     "group_by": "image",  # "lesion": keep all images of a lesion in one split
+    # M: every class has >= M images in each site's valid and test split (and in train): one image
+    # then moves macro F1 by ~1/(3M) at most; prrfl.data.derm.splitting says why 8
+    "heldout_min_per_class": HELDOUT_MIN_PER_CLASS,
 }
 
 
@@ -74,6 +79,7 @@ class DermTask(ClassificationTask):
             "synthetic_raw_size": (min(d["synthetic_raw_size"]) >= 1, "a list of 2 positive integers (width, height)"),
             "synthetic_seed": (d["synthetic_seed"] >= 0, "an integer >= 0"),  # numpy seeds are non-negative
             "split_seed": (d["split_seed"] >= 0, "an integer >= 0"),
+            "heldout_min_per_class": (d["heldout_min_per_class"] >= 1, "an integer >= 1"),
         }
         for key, (ok, expected) in rules.items():
             if not ok:
@@ -111,6 +117,7 @@ class DermTask(ClassificationTask):
                 size=d["image_size"],
                 split_seed=d["split_seed"],
                 group_by=d["group_by"],
+                heldout_min_per_class=d["heldout_min_per_class"],
                 workers=workers,
             )
         )

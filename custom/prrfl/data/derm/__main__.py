@@ -13,6 +13,7 @@ import time
 
 from prrfl.data.cli import command_parser, print_prepared, run_main
 from .layout import SITE_NAMES, SPLITS
+from .splitting import HELDOUT_MIN_PER_CLASS
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -36,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
         "--author-metadata", default=None, help="authors' split folder: use its ids, lesions and demographics"
     )
     s.add_argument("--no-distractors", action="store_true", help="omit the rows the loaders must drop")
+    s.add_argument(
+        "--heldout-min-per-class",
+        type=int,
+        default=HELDOUT_MIN_PER_CLASS,
+        metavar="M",
+        help="per-class floor of the counts: M images per class for each split a site has",
+    )
     s.add_argument("--overwrite", action="store_true")
 
     q = add("prepare", parents=[common], help="prepare per-site splits from a raw layout")
@@ -51,6 +59,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--isic-root", default=None, help="folder holding ISIC-2017/ (default: --raw)")
     q.add_argument("--sites", nargs="+", default=list(SITE_NAMES), choices=SITE_NAMES)
+    q.add_argument(
+        "--heldout-min-per-class",
+        type=int,
+        default=HELDOUT_MIN_PER_CLASS,
+        metavar="M",
+        help="warn when valid or test holds fewer than M images of a class",
+    )
+    q.add_argument(
+        "--enforce-heldout-min",
+        action="store_true",
+        help="stratified split: give valid and test at least M images of each class, taken from train",
+    )
     q.add_argument("--workers", type=int, default=1)
 
     a = add("splits", parents=[common], help="validate the authors' split files and print their counts")
@@ -76,6 +96,7 @@ def _run(args: argparse.Namespace) -> int:
             workers=args.workers,
             metadata_dir=args.author_metadata,
             distractors=not args.no_distractors,
+            heldout_min_per_class=args.heldout_min_per_class,
             overwrite=args.overwrite,
         )
         print(f"{'site':<5}{'nv':>7}{'bkl':>7}{'mel':>7}")
@@ -98,6 +119,8 @@ def _run(args: argparse.Namespace) -> int:
             isic_root=args.isic_root,
             workers=args.workers,
             allow_missing=args.allow_missing,
+            heldout_min_per_class=args.heldout_min_per_class,
+            enforce_heldout_min=args.enforce_heldout_min,
         )
         print_prepared(m, args.out, t0)
     else:

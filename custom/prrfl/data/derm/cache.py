@@ -17,6 +17,7 @@ from prrfl.data.build import cached_federation, federation_key
 from .layout import MANIFEST_NAME, SYNTHETIC_MARKER
 from .plan import GENERATOR_VERSION
 from .prepare import FORMAT, prepare_dermoscopy
+from .splitting import HELDOUT_MIN_PER_CLASS
 from .synthetic import generate_synthetic
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ def ensure_synthetic_federation(
     split_seed: int = 0,
     group_by: Literal["image", "lesion"] = "image",
     split: Sequence[float] = (0.7, 0.1, 0.2),
+    heldout_min_per_class: int = HELDOUT_MIN_PER_CLASS,
     workers: int = 1,
 ) -> Path:
     """The prepared root of the synthetic federation with these parameters, built on first use.
@@ -40,6 +42,8 @@ def ensure_synthetic_federation(
     host programs (FLARE site processes), where spawned workers would re-import the host's main
     script and forked ones would inherit its threads; the quick default builds in seconds serially.
     For full-size data, run the CLI (`python -m prrfl.data.derm synth/prepare --workers N`) instead.
+    Every class of every site gets at least `heldout_min_per_class` images in valid and in test
+    (and in train): the plan's per-class floor, enforced by the split (splitting.py).
     """
     params = {
         "scale": float(scale),
@@ -49,6 +53,7 @@ def ensure_synthetic_federation(
         "split_seed": int(split_seed),
         "group_by": group_by,
         "split": [float(f) for f in split],
+        "heldout_min_per_class": int(heldout_min_per_class),
     }
     key = federation_key(params, generator=GENERATOR_VERSION, prepared_format=FORMAT)
     return cached_federation(
@@ -56,10 +61,24 @@ def ensure_synthetic_federation(
         f"derm-synth-{key}",
         params,
         generate=lambda raw: generate_synthetic(
-            raw, scale=scale, seed=seed, image_size=tuple(params["raw_size"]), workers=workers, overwrite=True
+            raw,
+            scale=scale,
+            seed=seed,
+            image_size=tuple(params["raw_size"]),
+            heldout_min_per_class=heldout_min_per_class,
+            workers=workers,
+            overwrite=True,
         ),
         prepare=lambda raw, out: prepare_dermoscopy(
-            raw, out, size=int(size), seed=int(split_seed), split=split, group_by=group_by, workers=workers
+            raw,
+            out,
+            size=int(size),
+            seed=int(split_seed),
+            split=split,
+            group_by=group_by,
+            heldout_min_per_class=heldout_min_per_class,
+            enforce_heldout_min=True,
+            workers=workers,
         ),
         marker=SYNTHETIC_MARKER,
         manifest=MANIFEST_NAME,

@@ -1,6 +1,9 @@
 """What the synthetic federation contains, decided without drawing a pixel: counts, ids, lesions, metadata.
 
-Counts follow Table I scaled by `scale` (table_counts); images are grouped into lesions (some
+Counts follow Table I scaled by `scale`, raised to a per-class floor of M images for each split
+the cohort has (table_counts: 3M at a training site, M at the test-only cohort; M =
+heldout_min_per_class, splitting.py), so that train, valid and test each hold every class at least
+M times once split with that minimum. Images are grouped into lesions (some
 lesions photographed 2-3 times, at the sites where HAM10000 has such lesions) and, optionally,
 take the real ids / lesion ids / demographics of the authors' split files, so that only the
 pixels are synthetic. Each image carries two seeds: its lesion's (shape, colours) and its own
@@ -20,11 +23,11 @@ import numpy as np
 
 from .author_splits import AuthorRow, read_author_splits
 from .layout import CLASS_NAMES, OTHER_HAM_DX, SITE_NAMES, SPLITS, site
+from .splitting import HELDOUT_MIN_PER_CLASS, check_heldout_min
 
 log = logging.getLogger(__name__)
 
 GENERATOR_VERSION = "2"  # 2: look-alike features (lesions.AMBIGUITY)
-MIN_PER_CLASS = 3  # one image per split of a 7:1:2 split (see splitting.py)
 MULTI_IMAGE_P = {"A": 0.25, "B": 0.0, "C": 0.2, "D": 0.0, "OOD": 0.15}  # P(lesion has 2-3 images)
 DISTRACTOR_FRACTION = 0.02  # extra rows the loaders must drop (HAM: other diagnoses; ISIC: non-MSK)
 LOCALIZATIONS = (
@@ -42,18 +45,30 @@ LOCALIZATIONS = (
 )
 
 
-def table_counts(
-    scale: float = 1.0, *, min_per_class: int = MIN_PER_CLASS, sites: Sequence[str] = SITE_NAMES
-) -> dict[str, tuple[int, int, int]]:
-    """Per-site (nv, bkl, mel) counts: round-half-up(Table I x scale), at least `min_per_class`.
+def class_floor(site_name: str, heldout_min_per_class: int = HELDOUT_MIN_PER_CLASS) -> int:
+    """Fewest images of a class at a cohort: M per split it has (train, valid, test; test only for
+    the out-of-distribution cohort), M = heldout_min_per_class."""
+    m = check_heldout_min(heldout_min_per_class)
+    return m if site(site_name).test_only else len(SPLITS) * m
 
-    scale=1.0 gives Table I exactly.
+
+def table_counts(
+    scale: float = 1.0,
+    *,
+    heldout_min_per_class: int = HELDOUT_MIN_PER_CLASS,
+    sites: Sequence[str] = SITE_NAMES,
+) -> dict[str, tuple[int, int, int]]:
+    """Per-site (nv, bkl, mel) counts: round-half-up(Table I x scale), at least class_floor(site).
+
+    scale=1.0 gives Table I exactly for every M <= 8 (the smallest Table I class at a training site
+    is B's 24 melanomas, at the test-only cohort its 10 keratoses).
     """
     if not scale > 0:
         raise ValueError(f"scale must be > 0, got {scale}")
     out = {}
     for s in sites:
-        out[s] = tuple(max(min_per_class, int(math.floor(n * scale + 0.5))) for n in site(s).table)
+        floor = class_floor(s, heldout_min_per_class)
+        out[s] = tuple(max(floor, int(math.floor(n * scale + 0.5))) for n in site(s).table)
     return out
 
 
@@ -159,12 +174,12 @@ def plan_federation(
     seed: int,
     *,
     sites: Sequence[str] = SITE_NAMES,
-    min_per_class: int = MIN_PER_CLASS,
+    heldout_min_per_class: int = HELDOUT_MIN_PER_CLASS,
     distractors: bool = True,
     metadata_dir: Path | None = None,
 ) -> list[SynthImage]:
     """Every image of the synthetic federation, in CSV order (shuffled within each site)."""
-    counts = table_counts(scale, min_per_class=min_per_class, sites=sites)
+    counts = table_counts(scale, heldout_min_per_class=heldout_min_per_class, sites=sites)
     authors = {}
     if metadata_dir is not None:
         with_meta = [s for s in sites if s in ("A", "B", "C", "D")]

@@ -2,7 +2,11 @@
 
 Images: RGB, centre square crop on the shorter side, bicubic resize to `size` (the paper: 128).
 Splits: stratified 7:1:2 per site and class (splitting.py), by image or by lesion, or the authors'
-assignment of ids to splits. The out-of-distribution cohort (test_only) is never split: all its
+assignment of ids to splits. A held-out split (valid, test) that holds images but fewer than M =
+`heldout_min_per_class` (splitting.HELDOUT_MIN_PER_CLASS) of a class is warned about, naming site,
+split and class: its macro F1 then turns on one or two images. The split itself changes only with
+`enforce_heldout_min` (the stratified rule then takes at least M per held-out split from train, as
+for the embedded synthetic federation). The out-of-distribution cohort (test_only) is never split: all its
 images are its test split, and its train/valid files exist but are empty, so every site has the
 same three files. Each file is written atomically and manifest.json last, after removing any old
 one first: a folder with a manifest is complete.
@@ -38,15 +42,16 @@ from .layout import (
     site,
 )
 from .records import ImageRecord, check_images_exist, read_sites
-from .splitting import check_fractions, stratified_assignment
+from .splitting import HELDOUT_MIN_PER_CLASS, check_fractions, check_heldout_min, stratified_assignment
 from .store import save_split, split_path
 
 log = logging.getLogger(__name__)
 
 FORMAT = "prrfl.derm.prepared/1"
 RULES = {
-    "stratified": "per site and class: shuffled units fill test to round(f_test*n), then valid, rest train; "
-    ">= 1 unit per split when the class has >= 3 units, else all in train (splitting.py)",
+    "stratified": "per site and class: shuffled units fill test to max(m, round(f_test*n)), then valid likewise, "
+    "rest train (>= 1 unit); m = heldout_min_per_class if enforce_heldout_min else 1; all in train when the class "
+    "has < 3 units (splitting.py)",
     "authors": "the authors' per-client split files assign each image id to a split; "
     "raw images they do not list are dropped",
     "test_only": "out-of-distribution cohort: every image in test, empty train and valid",
@@ -145,6 +150,7 @@ def _assign(
     authors_dir: Path | None,
     authors: dict,
     allow_missing: bool,
+    heldout_min: int,
 ) -> tuple[dict[str, tuple[list[ImageRecord], list[str], str]], list[str]]:
     """Per site: the records kept, the split of each, the rule used; and the warnings."""
     warnings: list[str] = []
@@ -166,14 +172,16 @@ def _assign(
             labels = [r.label for r in recs]
             # train is never empty here: the readers refuse a site without images, and every class
             # keeps at least one unit in train
-            assigned, w = stratified_assignment(labels, fractions, sub_seed, groups, context=f"site {s}")
+            assigned, w = stratified_assignment(
+                labels, fractions, sub_seed, groups, context=f"site {s}", heldout_min_per_class=heldout_min
+            )
             warnings += w
             plan[s] = (recs, assigned, "stratified")
     return plan, warnings
 
 
 def _write_splits(
-    plan: dict[str, tuple[list[ImageRecord], list[str], str]], out_root: Path, size: int, workers: int
+    plan: dict[str, tuple[list[ImageRecord], list[str], str]], out_root: Path, size: int, workers: int, heldout_min: int
 ) -> tuple[dict[str, Any], list[str]]:
     """Decode, write every <site>/<split>.npz; return the manifest's per-site section and warnings."""
     warnings: list[str] = []
@@ -199,6 +207,14 @@ def _write_splits(
                         msg = f"site {s}: class {CLASS_NAMES[c]} is absent from train"
                         log.warning(msg)
                         warnings.append(msg)
+                elif chosen:  # a held-out split in use (empty: its fraction is 0, or the test-only cohort's valid)
+                    for c in np.flatnonzero(counts < heldout_min):
+                        msg = (
+                            f"site {s}: {name} holds {counts[c]} {CLASS_NAMES[c]} image(s), fewer than "
+                            f"heldout_min_per_class={heldout_min}: its macro F1 turns on very few images"
+                        )
+                        log.warning(msg)
+                        warnings.append(msg)
     return info, warnings
 
 
@@ -216,12 +232,16 @@ def prepare_dermoscopy(
     workers: int = 1,
     layout: RawLayout = DEFAULT_LAYOUT,
     allow_missing: bool = False,
+    heldout_min_per_class: int = HELDOUT_MIN_PER_CLASS,
+    enforce_heldout_min: bool = False,
 ) -> Manifest:
     """Prepare the requested sites from the raw layouts under `raw_root` (ISIC 2017 under `isic_root` or `raw_root`).
 
     `author_splits_dir` replaces the stratified split of sites A-D with the authors' assignment;
     ids they list that the raw data lacks are an error unless `allow_missing`. `workers` > 1
-    decodes in spawned processes (from 500 images per worker on).
+    decodes in spawned processes (from 500 images per worker on). A held-out split with fewer than
+    `heldout_min_per_class` images of a class is warned about; `enforce_heldout_min` makes the
+    stratified rule give valid and test at least that many (taken from train; not the authors' splits).
     """
     t0 = time.perf_counter()
     if not isinstance(size, int) or size < 8:
@@ -229,6 +249,7 @@ def prepare_dermoscopy(
     if group_by not in ("image", "lesion"):
         raise ValueError(f"group_by must be 'image' or 'lesion', got {group_by!r}")
     fractions = check_fractions(split)
+    heldout_min = check_heldout_min(heldout_min_per_class)
     sites = [site(s).name for s in sites]
     raw_root, out_root = Path(raw_root), Path(out_root)
     authors_dir = Path(author_splits_dir) if author_splits_dir else None
@@ -237,9 +258,10 @@ def prepare_dermoscopy(
     records = read_sites(raw_root, sites, isic_root=Path(isic_root) if isic_root else None, layout=layout)
     author_sites = [s for s in sites if authors_dir and not site(s).test_only]
     authors = read_author_splits(authors_dir, author_sites) if author_sites else {}
-    plan, warnings = _assign(records, fractions, seed, group_by, authors_dir, authors, allow_missing)
+    enforced = heldout_min if enforce_heldout_min else 1
+    plan, warnings = _assign(records, fractions, seed, group_by, authors_dir, authors, allow_missing, enforced)
     check_images_exist([r for recs, _, _ in plan.values() for r in recs])
-    sites_info, more = _write_splits(plan, out_root, size, workers)
+    sites_info, more = _write_splits(plan, out_root, size, workers, heldout_min)
 
     synthetic = raw_root / SYNTHETIC_MARKER
     author_files = [author_split_path(authors_dir, s, sp) for s in author_sites for sp in SPLITS]
@@ -249,6 +271,8 @@ def prepare_dermoscopy(
         "seed": seed,
         "split": list(fractions),
         "group_by": group_by,
+        "heldout_min_per_class": heldout_min,
+        "enforce_heldout_min": bool(enforce_heldout_min),
         "sites": sites,
         "author_splits": _file_digest(author_files) if author_files else None,
         "synthetic": json.loads(synthetic.read_text()) if synthetic.is_file() else None,

@@ -2,13 +2,23 @@
 
 Rule (per class, so every split keeps the site's class mix): the class's images are grouped into
 units (a lesion's images when grouping by lesion, else single images), shuffled with the seed,
-and units fill `test` until it holds round(f_test * n) images, then `valid` likewise, and the rest
-goes to `train`. Every split with a non-zero fraction gets at least one unit when the class has
-at least as many units as such splits (3 for 7:1:2); a class with fewer units goes entirely into
-train, with a warning (a test set with 1 image of a class measures nothing, a train set without
-it cannot learn it). Counts are exact at image level; with lesion grouping they are as close as
-whole lesions allow. This is scikit-learn's StratifiedShuffleSplit / StratifiedGroupKFold idea,
+and units fill `test` until it holds max(M, round(f_test * n)) images, then `valid` likewise, and
+the rest goes to `train`; M = `heldout_min_per_class`, 1 unless asked for (then the fractions alone
+decide). A held-out split takes a unit only while the later splits and train can still get one
+unit each, so `train` always keeps at least one unit of the class, and when units run short of M,
+`test` is filled first. With single-image units and n >= 2M + 1 images, valid and test each hold
+exactly max(M, round(f * n)) images of the class. Only splits with a non-zero fraction are filled.
+A class with fewer units than such splits (3 for 7:1:2) goes entirely into train, with a warning
+(a test set with 1 image of a class measures nothing, a train set without it cannot learn it).
+Counts are exact at image level; with lesion grouping a split gets whole lesions until it holds at
+least its target. This is scikit-learn's StratifiedShuffleSplit / StratifiedGroupKFold idea,
 written out because those need >= 2 members per class and round differently per split.
+
+M: with M images of a class in a held-out split, one image moves that class's recall by at most
+1/M, so the macro F1 over the 3 classes by about 1/(3M): HELDOUT_MIN_PER_CLASS = 8 keeps one image
+under ~4 points, and is the largest M at which the synthetic federation at full size is still
+Table I (site B has 24 = 3 x 8 melanomas; plan.table_counts). The embedded synthetic federation
+enforces it; real data keeps the fractions and is only warned about (prepare.py).
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ import numpy as np
 from .layout import CLASS_NAMES, SPLITS
 
 log = logging.getLogger(__name__)
+
+HELDOUT_MIN_PER_CLASS = 8  # M: images of each class in valid and in test (see the module docstring)
 
 
 def _round(x: float) -> int:
@@ -42,15 +54,25 @@ def check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
     return tuple(float(f) for f in fractions)  # type: ignore[return-value]
 
 
+def check_heldout_min(value: object) -> int:
+    """M as given, or a ValueError naming the field heldout_min_per_class (M must be an integer >= 1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"heldout_min_per_class must be an integer >= 1, got {value!r}")
+    return value
+
+
 def stratified_assignment(
     labels: Sequence[int],
     fractions: Sequence[float],
     seed: int,
     groups: Sequence[str] | None = None,
     context: str = "",
+    heldout_min_per_class: int = 1,
 ) -> tuple[list[str], list[str]]:
-    """Split name per image, and the warnings raised (also logged). `groups[i]` = lesion of image i."""
+    """Split name per image, and the warnings raised (also logged). `groups[i]` = lesion of image i;
+    `heldout_min_per_class` = M of the rule (module docstring)."""
     fr = dict(zip(SPLITS, check_fractions(fractions), strict=True))
+    floor = check_heldout_min(heldout_min_per_class)
     rng = np.random.default_rng(seed)
     if groups is None:
         groups = [str(i) for i in range(len(labels))]
@@ -81,7 +103,7 @@ def stratified_assignment(
             continue
         pos = 0
         for k, s in enumerate(held_out):
-            target = max(1, _round(fr[s] * n))
+            target = max(floor, _round(fr[s] * n))
             reserve = len(held_out) - k  # units still needed by the later splits and by train
             taken = 0
             while pos < len(members) - reserve and (taken == 0 or taken < target):

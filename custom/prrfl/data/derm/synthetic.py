@@ -33,7 +33,8 @@ from .layout import (
     SYNTHETIC_MARKER,
     RawLayout,
 )
-from .plan import GENERATOR_VERSION, MIN_PER_CLASS, SynthImage, plan_federation, table_counts
+from .plan import GENERATOR_VERSION, SynthImage, plan_federation, table_counts
+from .splitting import HELDOUT_MIN_PER_CLASS
 from .lesions import sample_lesion
 from .render import draw_hair, draw_lesion, draw_skin, sample_view
 
@@ -119,7 +120,7 @@ def generate_synthetic(
     image_size: tuple[int, int] = DEFAULT_IMAGE_SIZE,
     workers: int = 1,
     sites: Sequence[str] = SITE_NAMES,
-    min_per_class: int = MIN_PER_CLASS,
+    heldout_min_per_class: int = HELDOUT_MIN_PER_CLASS,
     distractors: bool = True,
     metadata_dir: str | Path | None = None,
     overwrite: bool = False,
@@ -129,7 +130,8 @@ def generate_synthetic(
 
     `image_size` is (width, height); `metadata_dir` (the authors' split folder) lends real ids,
     lesion ids and demographics to sites A-D; `distractors` adds the rows real data has and the
-    loaders must drop (other HAM10000 diagnoses, non-MSK ISIC images).
+    loaders must drop (other HAM10000 diagnoses, non-MSK ISIC images); `heldout_min_per_class` (M)
+    sets the per-class floor of the counts (plan.table_counts: 3M per class at a training site).
     `workers` > 1 renders in spawned processes (from 100 images per worker on), so the calling
     program's main module must be importable and guarded by `if __name__ == "__main__"`.
     """
@@ -141,7 +143,7 @@ def generate_synthetic(
         scale,
         seed,
         sites=sites,
-        min_per_class=min_per_class,
+        heldout_min_per_class=heldout_min_per_class,
         distractors=distractors,
         metadata_dir=Path(metadata_dir) if metadata_dir else None,
     )
@@ -158,11 +160,11 @@ def generate_synthetic(
             "seed": seed,
             "scale": scale,
             "image_size": [width, height],
-            "min_per_class": min_per_class,
+            "heldout_min_per_class": heldout_min_per_class,
             "sites": list(sites),
             "counts": {
                 s: dict(zip(CLASS_INDEX, c, strict=True))
-                for s, c in table_counts(scale, min_per_class=min_per_class, sites=sites).items()
+                for s, c in table_counts(scale, heldout_min_per_class=heldout_min_per_class, sites=sites).items()
             },
             "distractor_rows": sum(1 for i in items if i.kind == "other" or not i.msk),
             "images": len(items),
