@@ -15,7 +15,7 @@ import yaml
 
 from conftest import tiny_derm_config
 from prrfl.deploy import POC_TEMPLATE, make_project
-from prrfl.flare.jobs import export_job
+from prrfl.flare.recipe import export_job
 
 SITES = ["vidir-modern", "vidir-molemax"]
 

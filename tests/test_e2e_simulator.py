@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from conftest import tiny_derm_config
 from prrfl.config import RunConfig
-from prrfl.flare.jobs import export_job
+from prrfl.flare.recipe import export_job
 from prrfl.sweep import simulator_command
 
 pytestmark = pytest.mark.e2e

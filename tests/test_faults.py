@@ -17,10 +17,12 @@ import pytest
 import torch
 
 from conftest import TINY_DATA, tiny_derm_config, untimed, wait_for
+from prrfl.cli import main as prrfl
 from prrfl.config import RunConfig
 from prrfl.data.derm import ensure_synthetic_federation
 from prrfl.deploy import poc_deployment, with_workflow_args, write_site_config
-from prrfl.flare.jobs import export_job, job_config
+from prrfl.flare.jobs import job_config
+from prrfl.flare.recipe import export_job
 from prrfl.flare.workflow import STATE_FILE, resume_problem
 
 
@@ -181,3 +183,17 @@ def test_a_site_with_corrupt_local_data_fails_at_start_and_the_others_train(depl
     results = json.loads(next(dep.kits.kit(dep.kits.server).rglob("prrfl/bad_data/results.json")).read_text())
     assert sorted(results["sites"]) == healthy
     assert all(site_results(dep, site, "bad_data")["rounds_completed"] == 1 for site in healthy)
+
+
+@pytest.mark.e2e
+def test_the_recipe_runs_unchanged_on_the_deployment_through_prodenv(deployment, capsys):
+    """`prrfl run --env prod`: the job's recipe submitted with FLARE's ProdEnv through the admin's startup
+    kit of this provisioned deployment (mTLS), followed to the end and its results downloaded."""
+    dep = deployment
+    kit = dep.kits.kit(dep.kits.admin)
+    sets = ["--set=run_name=recipe_prod", "--set=num_rounds=2", "--set=local_epochs=1", f"--set=data={json.dumps(TINY_DATA)}"]
+    assert prrfl(["run", "--env", "prod", "--startup-kit", str(kit), "--sites", "3", "--timeout", "240", *sets]) == 0
+    out = capsys.readouterr().out
+    assert "derm_prr on prod: FINISHED:COMPLETED; results in " in out and "| **mean** |" in out
+    state = server_state(dep, "recipe_prod")
+    assert [h["sites"] for h in state["history"]] == [sorted(dep.kits.sites)] * 2

@@ -16,7 +16,8 @@ from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from conftest import TinyTask
 from prrfl.config import RunConfig
 from prrfl.flare import protocol as P
-from prrfl.flare.jobs import JOBS, PRIVACY_FILTERS, export_job, job_config, job_files
+from prrfl.flare.jobs import JOBS, job_config, job_files
+from prrfl.flare.recipe import PRIVACY_FILTERS, export_job
 from prrfl.flare.validation import upload_problem
 from prrfl.messages import Upload
 from prrfl.tasks.derm import DermTask

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prrfl.config import ConfigError, RunConfig
+from prrfl.config import ConfigError, RunConfig, with_settings
 from prrfl.errors import EXIT_STATUS, CommandFailed, run_command, traceback_option
 from prrfl.storage import load_json
 
@@ -17,7 +17,6 @@ def apply_overrides(values: dict, assignments: list[str]) -> dict:
     """KEY=VALUE settings into a config dict; dotted keys reach nested dicts (data.image_size=128),
     values are JSON when they parse (numbers, true, lists), strings otherwise. The values are
     checked where the config is built (`validated`), so `lr=abc` is refused there by name."""
-    values = json.loads(json.dumps(values))
     for item in assignments:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -26,25 +25,18 @@ def apply_overrides(values: dict, assignments: list[str]) -> dict:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
-        *parents, leaf = key.split(".")
-        node = values
-        for depth, part in enumerate(parents, 1):
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {item}: config field '{'.'.join(parents[:depth])}' holds no fields")
-        node[leaf] = value
+        try:
+            values = with_settings(values, {key: value})
+        except ConfigError as e:
+            raise ConfigError(f"--set {item}: {e}") from None
     return values
 
 
 def validated(job: str, values: dict[str, Any]) -> RunConfig:
-    """The whole config checked (prrfl.registry.validate_config), with the job named in the error,
-    since one --set may apply to several jobs."""
-    from prrfl.registry import validate_config
+    """The whole config checked, with the job named in the error (prrfl.registry.validate_job)."""
+    from prrfl.registry import validate_job
 
-    try:
-        return validate_config(values)
-    except ConfigError as e:
-        raise ConfigError(f"job '{job}': {e}") from e
+    return validate_job(job, values)
 
 
 RESUME = {"false": False, "true": True, "auto": "auto"}  # --resume values -> the workflow's argument
@@ -52,7 +44,8 @@ RESUME = {"false": False, "true": True, "auto": "auto"}  # --resume values -> th
 
 def _jobs_export(args: argparse.Namespace) -> int:
     """Every job's config is checked before the first folder is written: a typo writes nothing."""
-    from prrfl.flare.jobs import JOBS, export_job, job_config
+    from prrfl.flare.jobs import JOBS, job_config
+    from prrfl.flare.recipe import export_job
 
     names = args.names or sorted(JOBS)
     configs = {name: validated(name, apply_overrides(job_config(name).to_dict(), args.set)) for name in names}
@@ -65,7 +58,8 @@ def _jobs_export(args: argparse.Namespace) -> int:
 def _jobs_check(args: argparse.Namespace) -> int:
     import tempfile
 
-    from prrfl.flare.jobs import JOBS, export_job, job_files
+    from prrfl.flare.jobs import JOBS, job_files
+    from prrfl.flare.recipe import export_job
 
     stale = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -178,6 +172,24 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    """A job's recipe on a FLARE environment (SimEnv, PocEnv, ProdEnv), to the end; prints the table."""
+    from prrfl.flare.recipe import PersonalizedRecipe, environment, recipe_config, run_recipe
+    from prrfl.registry import task_class
+    from prrfl.report import run_table
+
+    name, cfg = recipe_config(args.job, args.task, args.method, None, apply_overrides({}, args.set))
+    sites = args.sites or len(task_class(cfg.task).site_names)
+    recipe = PersonalizedRecipe(  # FLARE starts the job once all the sites are connected
+        name, config=cfg, min_clients=sites, privacy=args.privacy, resume=RESUME[args.resume], tracking=args.tracking,
+        tracking_uri=args.tracking_uri, bundle=args.bundle,
+    )
+    env = environment(args.env, sites, args.workspace, args.threads, args.gpu, args.startup_kit, args.username)
+    status, result, results = run_recipe(recipe, env, args.timeout)
+    print(f"{recipe.name} on {args.env}: {status}; results in {result}\n\n{run_table(results)}", flush=True)
+    return 0
+
+
 def _deploy(args: argparse.Namespace) -> int:
     from prrfl.deploy import cli
 
@@ -261,6 +273,28 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--sites", type=int, default=4)
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run")
     sweep.set_defaults(func=_sweep)
+    run = sub.add_parser(
+        "run", parents=[common],
+        help="build a job's FLARE recipe and run it on the simulator (SimEnv), a local POC (PocEnv) or a deployment (ProdEnv)",
+    )
+    run.add_argument("job", nargs="?", help="a job of `prrfl jobs export` (default: <task>_<method>, i.e. derm_prr)")
+    run.add_argument("--task", help="with --method: the job <task>_<method> (default derm)")
+    run.add_argument("--method", help="with --task: the job <task>_<method> (default prr)")
+    run.add_argument("--env", choices=["sim", "poc", "prod"], default="sim", help="where the job runs (default: sim)")
+    run.add_argument("--sites", type=_positive, help="sim, poc: the sites site-1..site-N to start; prod: the sites that must be connected before the job starts (default: the task's number of sites)")
+    run.add_argument("--workspace", default="workspace", help="sim: the simulator runs in <workspace>/<job> (default: workspace)")
+    run.add_argument("--threads", type=_positive, help="sim: sites run at once (default: all)")
+    run.add_argument("--gpu", help="sim: GPU of each site, e.g. 0,0,0,0; poc: GPU ids, e.g. 0,1")
+    run.add_argument("--startup-kit", help="prod: the admin's startup kit folder of the provisioned deployment")
+    run.add_argument("--username", help="prod: the admin's name (default: the startup kit folder's name)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    run.add_argument("--resume", nargs="?", const="true", default="false", choices=sorted(RESUME), help="the workflow's resume mode (as for jobs export)")
+    run.add_argument("--privacy", choices=["percentile", "svt"], help="add this FLARE privacy filter to the sites' uploads")
+    run.add_argument("--tracking", choices=["tensorboard", "mlflow"], default="tensorboard")
+    run.add_argument("--tracking-uri", help="with --tracking mlflow: the MLflow tracking URI")
+    run.add_argument("--bundle", action="store_true", help="ship the prrfl package in the job (sites without it installed)")
+    run.add_argument("--timeout", type=float, default=0.0, help="poc, prod: seconds to follow the job (default: until it ends)")
+    run.set_defaults(func=_run)
     deploy = sub.add_parser("deploy", help="run a job on a provisioned FLARE deployment").add_subparsers(dest="action", required=True)
     poc = deploy.add_parser("poc", parents=[common], help="provision, start server + sites on localhost (mTLS), submit, follow, download, stop")
     poc.add_argument("--job", required=True, help="exported job folder, e.g. jobs/derm_prr")

@@ -16,6 +16,7 @@ import collections.abc
 import dataclasses
 import difflib
 import functools
+import json
 import re
 import reprlib
 import types
@@ -140,6 +141,22 @@ def check_name(value: Any, known: Iterable[str], path: str) -> None:
     if value not in known:
         hint = _close_matches([value], known) if isinstance(value, str) else ""
         raise ConfigError(f"config field '{path}' must be one of {known}, got {_REPR.repr(value)}{hint}")
+
+
+def with_settings(values: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the config dict `values` with `settings` set; a dotted key reaches a nested dict
+    ({"data.image_size": 128} sets values["data"]["image_size"]). Values are checked where the config
+    is built, not here."""
+    values = json.loads(json.dumps(dict(values)))
+    for key, value in settings.items():
+        *parents, leaf = str(key).split(".")
+        node = values
+        for depth, part in enumerate(parents, 1):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"config field '{'.'.join(parents[:depth])}' holds no fields")
+        node[leaf] = value
+    return values
 
 
 MinSites = Union[int, Literal["all", "majority"]]

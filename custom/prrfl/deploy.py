@@ -383,8 +383,7 @@ def deploy_poc(
 ) -> DeployResult:
     """Provision, start, submit the job, follow, download, stop. workdir=None: a new folder under the
     system's temp dir, kept afterwards (it holds the logs and the downloaded results)."""
-    from prrfl.registry import task_class
-    from prrfl.report import LEGACY_TASK, results_table
+    from prrfl.report import run_table
 
     job = Path(job).resolve()
     if not (job / "meta.json").exists():
@@ -395,8 +394,7 @@ def deploy_poc(
         job_id, status = dep.run_job(job, timeout)
         results, result_dir, tb = collect_results(dep.sess, job_id, out)
         print(f"results and TensorBoard events of {sorted(tb)} downloaded to {result_dir}", flush=True)
-        metrics = task_class(results["config"].get("task", LEGACY_TASK)).metric_names[:2]
-        print(results_table(results["sites"], metrics), flush=True)
+        print(run_table(results), flush=True)
     return DeployResult(job_id, status, results, result_dir, tb, time.time() - start)
 
 

@@ -89,3 +89,11 @@ def validate_config(values: dict[str, Any] | RunConfig) -> RunConfig:
     except ValueError as e:  # a rule of the method's own constructor (l1 <= l2, mu >= 0, ...)
         raise ConfigError(f"config field 'method_args' of method '{cfg.method}': {e}") from e
     return values if isinstance(values, RunConfig) else cfg
+
+
+def validate_job(job: str, values: dict[str, Any] | RunConfig) -> RunConfig:
+    """validate_config with the job named in the error, since one setting may apply to several jobs."""
+    try:
+        return validate_config(values)
+    except ConfigError as e:
+        raise ConfigError(f"job '{job}': {e}") from e

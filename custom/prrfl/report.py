@@ -97,6 +97,14 @@ def results_table(summaries: dict[str, dict[str, Any]], metrics: Sequence[str]) 
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
+def run_table(results: dict[str, Any]) -> str:
+    """results_table of a server's results.json, in its task's two main test metrics."""
+    from prrfl.registry import task_class
+
+    task = results.get("config", {}).get("task", LEGACY_TASK)
+    return results_table(results["sites"], task_class(task).metric_names[:2])
+
+
 # ----- discovery ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SiteResult:

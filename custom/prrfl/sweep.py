@@ -39,7 +39,8 @@ from prrfl.cli import apply_overrides, validated
 from prrfl.config import RunConfig
 from prrfl.crosseval import summary_line, write_crosseval
 from prrfl.errors import CommandFailed
-from prrfl.flare.jobs import export_job, job_config
+from prrfl.flare.jobs import job_config
+from prrfl.flare.recipe import export_job
 from prrfl.report import SiteResult, build_report
 from prrfl.storage import load_json
 

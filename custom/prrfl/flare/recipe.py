@@ -1,0 +1,261 @@
+"""Every prrfl job as one NVIDIA FLARE 2.9 Recipe, run unchanged on SimEnv, PocEnv and ProdEnv.
+
+    from nvflare.recipe import SimEnv
+    from prrfl.flare.recipe import PersonalizedRecipe
+
+    recipe = PersonalizedRecipe(task="derm", method="prr")          # or job="derm_prr_paper", overrides={...}
+    run = recipe.execute(SimEnv(num_clients=4, workspace_root="workspace"))
+    print(run.get_result())
+
+The recipe builds one server app (PersonalizedWorkflow + a tracking receiver, prrfl.flare.tracking) and
+one client app (the Client API script prrfl_site.py + the event converter that streams each site's
+scalars to the server), deployed to every site. `recipe.export(<dir>)` writes the job folder that
+`nvflare simulator` and `nvflare job submit` take; the committed folders under jobs/ are such exports
+(`prrfl jobs export`, and `prrfl jobs check` fails when they differ from what the recipe writes).
+
+The sites import prrfl from their installation (pip install -e . on every machine, the clean route);
+bundle=True ships the whole package in the job's custom/ folder instead, for sites that cannot install it.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE
+from nvflare.apis.dxo import DataKind
+from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
+from nvflare.app_common.filters.percentile_privacy import PercentilePrivacy
+from nvflare.app_common.filters.svt_privacy import SVTPrivacy
+from nvflare.app_common.widgets.convert_to_fed_event import ConvertToFedEvent
+from nvflare.client.config import ExchangeFormat
+from nvflare.job_config.api import FedJob
+from nvflare.job_config.file_source import FileSource
+from nvflare.recipe.spec import ExecEnv, Recipe
+
+from prrfl.config import ConfigError, RunConfig
+from prrfl.errors import CommandFailed
+from prrfl.flare.jobs import JOBS, job_values
+from prrfl.flare.protocol import TASK_TRAIN
+from prrfl.flare.tracking import TRACKING, receiver
+from prrfl.flare.workflow import PersonalizedWorkflow
+from prrfl.registry import validate_job
+
+SITE_SCRIPT = Path(__file__).parent / "entry" / "prrfl_site.py"
+PACKAGE = Path(__file__).resolve().parents[1]
+
+# FLARE's privacy filters, applied by each site to its train result (a weight difference) before it
+# leaves the site, and only to weight differences (on full weights they would wreck the model);
+# FLARE's default arguments otherwise, to be tuned per job in app/config/config_fed_client.json.
+PRIVACY_FILTERS = {
+    # share only the largest 90 % of |diff|, each clipped to 0.01
+    "percentile": functools.partial(PercentilePrivacy, data_kinds=[DataKind.WEIGHT_DIFF]),
+    # differential privacy by the sparse vector technique: a noisy 10 % of the diff
+    "svt": functools.partial(SVTPrivacy, data_kinds=[DataKind.WEIGHT_DIFF]),
+}
+
+
+def recipe_config(
+    job: str | None, task: str | None, method: str | None, config: RunConfig | Mapping[str, Any] | None,
+    overrides: Mapping[str, Any] | None,
+) -> tuple[str, RunConfig]:
+    """(job name, validated config) of a recipe. A job from the table (`job`, or `<task>_<method>`),
+    with `overrides` (dotted keys: {"data.image_size": 128}) applied; or a whole `config`."""
+    if config is not None:
+        if task or method or overrides:
+            raise ConfigError("give a whole config, or a job (or a task and a method) with overrides, not both")
+        values = config.to_dict() if isinstance(config, RunConfig) else dict(config)
+        name = job or values.get("run_name") or RunConfig().run_name
+        return name, validate_job(name, values)
+    if job and (task or method):
+        raise ConfigError(f"give a job name or a task and a method, not both (job={job!r}, task={task!r}, method={method!r})")
+    name = job or f"{task or 'derm'}_{method or 'prr'}"
+    if name not in JOBS and job:
+        raise ConfigError(f"unknown job '{name}'; available: {sorted(JOBS)}")
+    # a (task, method) pair with no job of its own is validated as such: the error says why (an unknown
+    # name, with a suggestion, or a method that cannot run on the task)
+    base = JOBS.get(name) or {"task": task or "derm", "method": method or "prr"}
+    return name, validate_job(name, job_values(name, base, overrides or {}))
+
+
+class PersonalizedRecipe(Recipe):
+    """A prrfl job (a task, a method and their settings) as a FLARE 2.9 recipe.
+
+    job: a job of the table (prrfl.flare.jobs.JOBS: `<task>_<method>` and the papers' settings such
+    as `derm_prr_paper`); or task and method (default derm, prr). overrides: config fields to change,
+    dotted keys reaching nested options ({"num_rounds": 50, "method_args.det_split": "train"}).
+    config: a whole RunConfig (or its dict) instead. The config is validated here, so a bad recipe is
+    refused before any environment starts (prrfl.registry.validate_config).
+    name: the FLARE job name (default: the job's). min_clients: sites that must be connected for FLARE
+    to start the job (the workflow's own min_sites rule decides each round).
+    privacy: one of PRIVACY_FILTERS, applied to every site's upload. resume: the workflow's resume mode
+    (False, True or "auto"). workflow_args: further PersonalizedWorkflow arguments (state_dir,
+    task_timeout, ...). tracking, tracking_uri: "tensorboard" or "mlflow" (prrfl.flare.tracking).
+    bundle: ship the prrfl package in the job's custom/ folder.
+    """
+
+    def __init__(
+        self,
+        job: str | None = None,
+        *,
+        task: str | None = None,
+        method: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        config: RunConfig | Mapping[str, Any] | None = None,
+        name: str | None = None,
+        min_clients: int = 1,
+        privacy: str | None = None,
+        resume: bool | str = False,
+        workflow_args: Mapping[str, Any] | None = None,
+        tracking: str = "tensorboard",
+        tracking_uri: str | None = None,
+        bundle: bool = False,
+    ):
+        job_name, self.config = recipe_config(job, task, method, config, overrides)
+        if privacy is not None and privacy not in PRIVACY_FILTERS:
+            raise ConfigError(f"unknown privacy filter '{privacy}'; available: {sorted(PRIVACY_FILTERS)}")
+        if tracking not in TRACKING:
+            raise ConfigError(f"unknown tracking backend '{tracking}'; available: {list(TRACKING)}")
+        self.privacy, self.resume, self.bundle = privacy, resume, bundle
+        fed = FedJob(name=name or job_name, min_clients=min_clients)
+        fed.set_app_packages(["prrfl"])  # imported from the installation (or the bundle), never traced file by file
+        fed.to_server(PersonalizedWorkflow(config=self.config.to_dict(), resume=resume, **dict(workflow_args or {})), id="workflow")
+        fed.to_server(receiver(tracking, tracking_uri, experiment=self.config.run_name), id="receiver")
+        # ScriptRunner's executor, with the script shipped as a file source: ScriptRunner itself wants the
+        # script under the current directory, and a recipe must build from anywhere
+        fed.to_clients(ClientAPIExecutor(
+            execution_mode="in_process",
+            task_script_path=SITE_SCRIPT.name,
+            params_exchange_format=ExchangeFormat.PYTORCH,
+            server_expected_format=ExchangeFormat.PYTORCH,
+        ))
+        fed.to_clients(FileSource(str(SITE_SCRIPT)))
+        fed.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTIC_EVENT_TYPE]), id="event_to_fed")
+        if bundle:
+            package = self._clean_package_copy()
+            fed.to_server(FileSource(package, dest_dir="prrfl"))
+            fed.to_clients(FileSource(package, dest_dir="prrfl"))
+        super().__init__(fed)
+        if privacy:
+            self.add_client_output_filter(PRIVACY_FILTERS[privacy](), tasks=[TASK_TRAIN])
+
+    def _clean_package_copy(self) -> str:
+        """The prrfl package without byte-code caches, in a folder removed with the recipe."""
+        folder = tempfile.mkdtemp(prefix="prrfl_bundle_")
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        target = Path(folder) / "prrfl"
+        shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
+        return str(target)
+
+    def export_folder(self, out_root: str | Path, env: ExecEnv | None = None) -> Path:
+        """Write <out_root>/<job name>/ (meta.json, app/config, app/custom), replacing an old one
+        only once the new one is complete."""
+        out_root = Path(out_root).resolve()
+        out_root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out_root, prefix=".export-") as tmp:
+            self.export(tmp, env=env)
+            target = out_root / self.name
+            if target.exists():
+                shutil.rmtree(target)
+            (Path(tmp) / self.name).rename(target)
+        return target
+
+
+def export_job(
+    name: str,
+    out_root: str | Path,
+    cfg: RunConfig | None = None,
+    min_clients: int = 1,
+    bundle: bool = False,
+    privacy: str | None = None,
+    resume: bool | str = False,
+    tracking: str = "tensorboard",
+    tracking_uri: str | None = None,
+) -> Path:
+    """The job `name` (with the config cfg, default the table's) exported as <out_root>/<name>/ by its
+    recipe (PersonalizedRecipe); the arguments are the recipe's."""
+    recipe = PersonalizedRecipe(
+        name, config=cfg, min_clients=min_clients, bundle=bundle, privacy=privacy, resume=resume,
+        tracking=tracking, tracking_uri=tracking_uri,
+    )
+    return recipe.export_folder(out_root)
+
+
+# ----- environments ------------------------------------------------------------------------
+ENVIRONMENTS = ("sim", "poc", "prod")
+
+
+def environment(
+    kind: str,
+    sites: int,
+    workspace: str | Path = "workspace",
+    threads: int | None = None,
+    gpu: str | None = None,
+    startup_kit: str | Path | None = None,
+    username: str | None = None,
+) -> ExecEnv:
+    """FLARE's execution environment of that kind, for a recipe to run on.
+
+    sim: SimEnv, `sites` simulated sites named site-1..site-N in <workspace>/<job name> (threads: sites
+    run at once, default all; gpu: e.g. "0,0,0,0"). poc: PocEnv, a proof-of-concept deployment of `sites`
+    sites on this machine, prepared and started by FLARE in its POC workspace (NVFLARE_POC_WORKSPACE;
+    gpu: e.g. "0,1"). prod: ProdEnv, the running deployment whose admin startup kit is `startup_kit`
+    (username: the admin, default the kit folder's name, which provisioning names after the admin)."""
+    from nvflare.recipe import PocEnv, ProdEnv, SimEnv
+
+    if kind not in ENVIRONMENTS:
+        raise ConfigError(f"unknown environment '{kind}'; available: {list(ENVIRONMENTS)}")
+    if kind == "prod":
+        if not startup_kit:
+            raise ConfigError("the prod environment needs the admin's startup kit folder (--startup-kit)")
+        kit = Path(startup_kit).resolve()
+        if not (kit / "startup").is_dir():
+            raise ConfigError(f"startup kit {kit}: no startup/ folder in it; give the admin's provisioned kit folder")
+        return ProdEnv(startup_kit_location=str(kit), username=username or kit.name)
+    if sites < 1:
+        raise ConfigError(f"sites must be at least 1, got {sites}")
+    gpus = [int(g) for g in gpu.split(",")] if gpu else None
+    if kind == "poc":
+        return PocEnv(num_clients=sites, gpu_ids=gpus)
+    return SimEnv(num_clients=sites, num_threads=threads or sites, gpu_config=gpu, workspace_root=str(Path(workspace).resolve()))
+
+
+def server_results(result: str | Path) -> dict[str, Any]:
+    """The workflow's results.json in a job's result: a simulator workspace (server/simulate_job/) or
+    the server workspace an admin downloads."""
+    import json
+
+    root = Path(result)
+    found = [root / "server" / "simulate_job" / "results.json"]
+    found = [p for p in found if p.exists()] or sorted(root.rglob("results.json"))
+    if not found:
+        raise FileNotFoundError(f"{root}: the job left no results.json; see its server log (log.txt)")
+    return json.loads(found[0].read_text())
+
+
+def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -> tuple[str, Path, dict[str, Any]]:
+    """Run the recipe on env and wait for the end: (FLARE job status, result folder, the server's
+    results.json). A simulator run is over when execute returns; a POC or production job is followed
+    (timeout seconds, 0: no limit) and its server workspace downloaded. The POC workspace is kept (it
+    holds the sites' state and logs); the POC processes are stopped."""
+    from nvflare.recipe import SimEnv
+
+    try:
+        run = recipe.run(env)
+    except RuntimeError as e:  # SimEnv: the simulator exited non-zero; Poc/ProdEnv: the submission failed
+        raise CommandFailed(f"job {recipe.name}: {e}") from e
+    if isinstance(env, SimEnv):
+        status, result = "FINISHED:COMPLETED", env.get_job_result(run.get_job_id())
+    else:
+        result = run.get_result(timeout=timeout, clean_up=False)
+        status = run.get_status() or "unknown"
+        if result is None:
+            raise CommandFailed(f"job {run.get_job_id()} ({recipe.name}) did not finish within {timeout:.0f} s (status {status})")
+        if status != "FINISHED:COMPLETED":
+            raise CommandFailed(f"job {run.get_job_id()} ({recipe.name}) ended {status}; its server workspace is {result}")
+    return status, Path(result), server_results(result)

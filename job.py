@@ -1,0 +1,36 @@
+"""prr-flare as a FLARE 2.9 job script: build the recipe of a (task, method) job, pick an environment, execute.
+
+    python job.py                                         # derm_prr on 4 simulated sites (SimEnv)
+    python job.py --task prostate --method fedbn          # any task and method
+    python job.py --env poc --sites 2                     # a proof-of-concept deployment on this machine (PocEnv)
+    python job.py --env prod --startup-kit <admin kit>    # a provisioned deployment (ProdEnv)
+    python job.py --export --export-dir jobs_out          # FLARE's own flags: write the job folder, run nothing
+
+`prrfl run` is the same with every option of the job (--set, --resume, --privacy, ...).
+"""
+
+import argparse
+
+from prrfl.flare.recipe import PersonalizedRecipe, environment
+from prrfl.registry import task_class
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="derm")
+    parser.add_argument("--method", default="prr")
+    parser.add_argument("--env", choices=["sim", "poc", "prod"], default="sim")
+    parser.add_argument("--sites", type=int, help="default: the task's number of sites")
+    parser.add_argument("--workspace", default="workspace", help="sim: runs in <workspace>/<task>_<method>")
+    parser.add_argument("--startup-kit", help="prod: the admin's startup kit folder")
+    args = parser.parse_args()
+
+    sites = args.sites or len(task_class(args.task).site_names)
+    recipe = PersonalizedRecipe(task=args.task, method=args.method, min_clients=sites)
+    env = environment(args.env, sites, workspace=args.workspace, startup_kit=args.startup_kit)
+    run = recipe.execute(env)
+    print(f"job {run.get_job_id()}: result in {run.get_result()}")
+
+
+if __name__ == "__main__":
+    main()

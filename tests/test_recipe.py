@@ -1,0 +1,157 @@
+"""The FLARE 2.9 recipe: every (task, method) job from one Recipe, the committed job folders its exports,
+job.py and `prrfl run` on SimEnv and PocEnv (ProdEnv: tests/test_faults.py, on a provisioned deployment)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from nvflare.recipe import PocEnv, ProdEnv, SimEnv
+from nvflare.recipe.spec import Recipe
+
+from conftest import TINY_DATA, tiny_derm_config, untimed
+from prrfl.config import ConfigError
+from prrfl.flare.jobs import job_config, job_files
+from prrfl.flare.recipe import PACKAGE, PersonalizedRecipe, environment, export_job, server_results
+from prrfl.sweep import simulator_command
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_SETS = ["--set=num_rounds=2", "--set=local_epochs=1", f"--set=data={json.dumps(TINY_DATA)}"]
+
+
+def test_a_recipe_is_any_task_and_method_or_a_job_of_the_table_with_overrides():
+    recipe = PersonalizedRecipe(task="prostate", method="fedbn")
+    assert isinstance(recipe, Recipe) and recipe.name == "prostate_fedbn"
+    assert recipe.config == job_config("prostate_fedbn")  # the table's settings: Adam, batch 8, 10 rounds
+    assert PersonalizedRecipe().config == job_config("derm_prr")
+    paper = PersonalizedRecipe("derm_prr_paper", overrides={"num_rounds": 3, "data.image_size": 64, "method_args.det_split": "train"})
+    assert (paper.name, paper.config.num_rounds, paper.config.local_epochs) == ("derm_prr_paper", 3, 5)
+    assert paper.config.data == {**job_config("derm_prr_paper").data, "image_size": 64}  # the other data options kept
+    assert paper.config.method_args == {"det_split": "train"}
+    whole = PersonalizedRecipe("derm_custom", config=tiny_derm_config(run_name="mine"))
+    assert (whole.name, whole.config.run_name) == ("derm_custom", "mine")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"job": "derm_prr", "method": "fedbn"}, "give a job name or a task and a method, not both"),
+        ({"job": "derm_nope"}, "unknown job 'derm_nope'; available: ['derm_apfl'"),
+        ({"task": "prostate", "method": "fca"}, "job 'prostate_fca': config field 'method': method 'fca' cannot run on task 'prostate'"),
+        ({"task": "derm", "method": "fedbm"}, "got 'fedbm' (did you mean 'fedbn'?)"),
+        ({"overrides": {"method_args.det_enabled": "flase"}}, "option 'det_enabled' must be true or false, got 'flase'"),
+        ({"overrides": {"lr": "abc"}}, "config field 'lr' must be a number, got 'abc'"),
+        ({"overrides": {"lr.x": 1}}, "config field 'lr' holds no fields"),
+        ({"config": {"num_rounds": 2}, "overrides": {"lr": 0.1}}, "give a whole config, or a job"),
+        ({"privacy": "dp"}, "unknown privacy filter 'dp'; available: ['percentile', 'svt']"),
+        ({"tracking": "wandb"}, "unknown tracking backend 'wandb'"),
+    ],
+)
+def test_a_bad_recipe_is_refused_when_it_is_built(kwargs, message):
+    with pytest.raises(ConfigError) as e:
+        PersonalizedRecipe(**kwargs)
+    assert message in str(e.value)
+
+
+def test_flares_export_of_the_recipe_is_the_committed_job_folder(tmp_path):
+    PersonalizedRecipe(task="prostate", method="prr").export(str(tmp_path))  # FLARE's Recipe.export, as is
+    assert job_files(tmp_path / "prostate_prr") == job_files(ROOT / "jobs" / "prostate_prr")
+
+
+def test_job_py_exports_with_flares_own_flags(tmp_path):
+    """`python job.py --export --export-dir X`: FLARE consumes its flags, the recipe writes the folder."""
+    out = tmp_path / "exported"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "job.py"), "--task", "derm", "--method", "fedbn", "--export", "--export-dir", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    exported, committed = job_files(out / "derm_fedbn"), job_files(ROOT / "jobs" / "derm_fedbn")
+    # job.py asks FLARE to start the job only once every site of the task is connected
+    assert exported.pop("meta.json")["min_clients"] == 4 and committed.pop("meta.json")["min_clients"] == 1
+    assert exported == committed
+
+
+def test_privacy_filter_and_bundled_package_in_the_recipe(tmp_path):
+    recipe = PersonalizedRecipe(task="derm", method="prr", privacy="percentile", bundle=True)
+    job = recipe.export_folder(tmp_path)
+    client = json.loads((job / "app/config/config_fed_client.json").read_text())
+    (result_filter,) = client["task_result_filters"]
+    assert result_filter["tasks"] == ["train"]
+    assert result_filter["filters"][0]["path"] == "nvflare.app_common.filters.percentile_privacy.PercentilePrivacy"
+    shipped = {p.relative_to(job / "app/custom/prrfl") for p in (job / "app/custom/prrfl").rglob("*.py")}
+    assert shipped == {p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py")}  # the whole package, not a traced part
+    assert not list(job.rglob("__pycache__"))
+    assert (job / "app/custom/prrfl_site.py").exists()
+
+
+def test_environments_of_each_kind_and_their_refusals(tmp_path):
+    sim = environment("sim", 3, tmp_path / "ws")
+    assert isinstance(sim, SimEnv) and (sim.num_clients, sim.num_threads) == (3, 3)
+    assert sim.workspace_root == str((tmp_path / "ws").resolve())
+    assert environment("sim", 4, tmp_path, threads=2, gpu="0,0,0,0").gpu_config == "0,0,0,0"
+    poc = environment("poc", 2, gpu="0,1")
+    assert isinstance(poc, PocEnv) and (poc.num_clients, poc.gpu_ids) == (2, [0, 1])
+    kit = tmp_path / "admin@hospital.org"
+    (kit / "startup").mkdir(parents=True)
+    prod = environment("prod", 4, startup_kit=kit)
+    assert isinstance(prod, ProdEnv) and prod.username == "admin@hospital.org"
+    for args, message in [
+        (("prod", 4), "needs the admin's startup kit folder (--startup-kit)"),
+        (("prod", 4, "ws", None, None, tmp_path), f"startup kit {tmp_path}: no startup/ folder in it"),
+        (("k8s", 2), "unknown environment 'k8s'"),
+        (("sim", 0), "sites must be at least 1"),
+    ]:
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            environment(*args)
+
+
+def site_history(ws: Path, site: str, run: str = "derm_prr") -> list:
+    return untimed(json.loads((ws / site / "prrfl" / run / "results.json").read_text())["history"])
+
+
+@pytest.mark.e2e
+def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simulator(tmp_path):
+    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "prrfl.cli", "run", "derm_prr", "--sites", "2", "--workspace", str(tmp_path / "ws"), *TINY_SETS]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert f"derm_prr on sim: FINISHED:COMPLETED; results in {tmp_path / 'ws' / 'derm_prr'}" in out
+    assert "| site-1 | " in out and "| site-2 | " in out and "| **mean** |" in out
+    assert (tmp_path / "ws" / "derm_prr.state" / "server" / "derm_prr" / "server_state.pt").exists()
+
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config())
+    ref = subprocess.run(simulator_command(job, tmp_path / "ref", 2), env=env, capture_output=True, text=True, timeout=400)
+    assert ref.returncode == 0, (ref.stdout + ref.stderr)[-4000:]
+    for site in ("site-1", "site-2"):
+        assert site_history(tmp_path / "ws" / "derm_prr", site) == site_history(tmp_path / "ref", site), site
+    mine = torch.load(tmp_path / "ws/derm_prr.state/server/derm_prr/server_state.pt", weights_only=False)
+    theirs = torch.load(tmp_path / "ref.state/server/derm_prr/server_state.pt", weights_only=False)
+    for site in ("site-1", "site-2"):
+        for key, value in theirs["downloads"][site].params.items():
+            assert torch.equal(mine["downloads"][site].params[key], value), (site, key)
+
+
+@pytest.mark.e2e
+def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path):
+    from test_deploy_poc import our_processes
+
+    poc = tmp_path / "poc"
+    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "NVFLARE_POC_WORKSPACE": str(poc), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "prrfl.cli", "run", "--env", "poc", "--sites", "2", "--timeout", "300", *TINY_SETS]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    (result,) = re.findall(r"derm_prr on poc: FINISHED:COMPLETED; results in (\S+)", out)
+    sites = server_results(result)["sites"]  # the server workspace the admin downloaded
+    assert {s: p["participation"]["aggregated"] for s, p in sites.items()} == {"site-1": [0, 1], "site-2": [0, 1]}
+    for site in ("site-1", "site-2"):  # each site kept its state in its own POC workspace
+        assert list(poc.rglob(f"prod_00/{site}/prrfl/derm_prr/site_state.pt")), site
+    assert not our_processes(str(poc)), "POC processes left running"
