@@ -29,7 +29,7 @@ def main() -> None:
     recipe = PersonalizedRecipe(task=args.task, method=args.method, min_clients=sites)
     env = environment(args.env, sites, workspace=args.workspace, startup_kit=args.startup_kit)
     run = recipe.execute(env)
-    print(f"job {run.get_job_id()}: result in {run.get_result()}")
+    print(f"job {run.get_job_id()}: result in {run.get_result(clean_up=False)}")  # keep a POC workspace: it holds the result
 
 
 if __name__ == "__main__":
