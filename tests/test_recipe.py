@@ -51,6 +51,7 @@ def test_a_recipe_is_any_task_and_method_or_a_job_of_the_table_with_overrides():
         ({"config": {"num_rounds": 2}, "overrides": {"lr": 0.1}}, "give a whole config, or a job"),
         ({"privacy": "dp"}, "unknown privacy filter 'dp'; available: ['percentile', 'svt']"),
         ({"tracking": "wandb"}, "unknown tracking backend 'wandb'"),
+        ({"workflow_args": {"task_timout": 60}}, "unknown workflow argument(s) ['task_timout'] (did you mean 'task_timeout'?)"),
     ],
 )
 def test_a_bad_recipe_is_refused_when_it_is_built(kwargs, message):

@@ -20,6 +20,7 @@ bundle=True ships the whole package in the job's custom/ folder instead, for sit
 from __future__ import annotations
 
 import functools
+import inspect
 import shutil
 import tempfile
 import weakref
@@ -38,7 +39,7 @@ from nvflare.job_config.api import FedJob
 from nvflare.job_config.file_source import FileSource
 from nvflare.recipe.spec import ExecEnv, Recipe
 
-from prrfl.config import ConfigError, RunConfig
+from prrfl.config import ConfigError, RunConfig, unknown_names_error
 from prrfl.errors import CommandFailed
 from prrfl.flare.jobs import JOBS, job_values
 from prrfl.flare.protocol import TASK_TRAIN
@@ -121,10 +122,14 @@ class PersonalizedRecipe(Recipe):
             raise ConfigError(f"unknown privacy filter '{privacy}'; available: {sorted(PRIVACY_FILTERS)}")
         if tracking not in TRACKING:
             raise ConfigError(f"unknown tracking backend '{tracking}'; available: {list(TRACKING)}")
+        workflow_args = dict(workflow_args or {})
+        known = [p for p in inspect.signature(PersonalizedWorkflow).parameters if p not in ("config", "resume")]
+        if set(workflow_args) - set(known):
+            raise unknown_names_error("workflow argument", set(workflow_args) - set(known), known)
         self.privacy, self.resume, self.bundle = privacy, resume, bundle
         fed = FedJob(name=name or job_name, min_clients=min_clients)
         fed.set_app_packages(["prrfl"])  # imported from the installation (or the bundle), never traced file by file
-        fed.to_server(PersonalizedWorkflow(config=self.config.to_dict(), resume=resume, **dict(workflow_args or {})), id="workflow")
+        fed.to_server(PersonalizedWorkflow(config=self.config.to_dict(), resume=resume, **workflow_args), id="workflow")
         fed.to_server(receiver(tracking, tracking_uri, experiment=self.config.run_name), id="receiver")
         # ScriptRunner's executor, with the script shipped as a file source: ScriptRunner itself wants the
         # script under the current directory, and a recipe must build from anywhere
