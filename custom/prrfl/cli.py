@@ -203,22 +203,24 @@ def _parser() -> argparse.ArgumentParser:
     common = traceback_option(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     jobs = sub.add_parser("jobs", help="FLARE job folders").add_subparsers(dest="action", required=True)
-    export = jobs.add_parser("export", parents=[common], help="write the job folders from the code")
-    export.add_argument("names", nargs="*", help="jobs to export (default: all)")
-    export.add_argument("--out", default="jobs")
-    export.add_argument("--bundle", action="store_true", help="copy the prrfl package into each job's custom/")
-    export.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
-    export.add_argument("--privacy", choices=["percentile", "svt"], help="add this FLARE privacy filter to the sites' uploads")
-    export.add_argument(
+    # what a job is built with, for `jobs export` and `run` alike
+    job_options = argparse.ArgumentParser(add_help=False)
+    job_options.add_argument("--bundle", action="store_true", help="copy the prrfl package into each job's custom/ (sites without it installed)")
+    job_options.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    job_options.add_argument("--privacy", choices=["percentile", "svt"], help="add this FLARE privacy filter to the sites' uploads")
+    job_options.add_argument(
         "--resume", nargs="?", const="true", default="false", choices=sorted(RESUME),
         help="the workflow's resume mode: true (continue the saved run, refuse to start without one), auto (continue "
         "it when there is one, else start a new run: a command to re-run after an interruption), false (default: new run)",
     )
-    export.add_argument(
+    job_options.add_argument(
         "--tracking", choices=["tensorboard", "mlflow"], default="tensorboard",
         help="where the server writes the sites' and the federation's scalars (default: TensorBoard event files)",
     )
-    export.add_argument("--tracking-uri", help="with --tracking mlflow: the MLflow tracking URI (default: SQLite in the job's result folder)")
+    job_options.add_argument("--tracking-uri", help="with --tracking mlflow: the MLflow tracking URI (default: SQLite in the job's result folder)")
+    export = jobs.add_parser("export", parents=[common, job_options], help="write the job folders from the code")
+    export.add_argument("names", nargs="*", help="jobs to export (default: all)")
+    export.add_argument("--out", default="jobs")
     export.set_defaults(func=_jobs_export)
     check = jobs.add_parser("check", parents=[common], help="fail if the committed job folders differ from the code")
     check.add_argument("--dir", default="jobs")
@@ -274,7 +276,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run")
     sweep.set_defaults(func=_sweep)
     run = sub.add_parser(
-        "run", parents=[common],
+        "run", parents=[common, job_options],
         help="build a job's FLARE recipe and run it on the simulator (SimEnv), a local POC (PocEnv) or a deployment (ProdEnv)",
     )
     run.add_argument("job", nargs="?", help="a job of `prrfl jobs export` (default: <task>_<method>, i.e. derm_prr)")
@@ -287,12 +289,6 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--gpu", help="sim: GPU of each site, e.g. 0,0,0,0; poc: GPU ids, e.g. 0,1")
     run.add_argument("--startup-kit", help="prod: the admin's startup kit folder of the provisioned deployment")
     run.add_argument("--username", help="prod: the admin's name (default: the startup kit folder's name)")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
-    run.add_argument("--resume", nargs="?", const="true", default="false", choices=sorted(RESUME), help="the workflow's resume mode (as for jobs export)")
-    run.add_argument("--privacy", choices=["percentile", "svt"], help="add this FLARE privacy filter to the sites' uploads")
-    run.add_argument("--tracking", choices=["tensorboard", "mlflow"], default="tensorboard")
-    run.add_argument("--tracking-uri", help="with --tracking mlflow: the MLflow tracking URI")
-    run.add_argument("--bundle", action="store_true", help="ship the prrfl package in the job (sites without it installed)")
     run.add_argument("--timeout", type=float, default=0.0, help="poc, prod: seconds to follow the job (default: until it ends)")
     run.set_defaults(func=_run)
     deploy = sub.add_parser("deploy", help="run a job on a provisioned FLARE deployment").add_subparsers(dest="action", required=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import shutil
 import tempfile
 import weakref
@@ -126,7 +127,6 @@ class PersonalizedRecipe(Recipe):
         known = [p for p in inspect.signature(PersonalizedWorkflow).parameters if p not in ("config", "resume")]
         if set(workflow_args) - set(known):
             raise unknown_names_error("workflow argument", set(workflow_args) - set(known), known)
-        self.privacy, self.resume, self.bundle = privacy, resume, bundle
         fed = FedJob(name=name or job_name, min_clients=min_clients)
         fed.set_app_packages(["prrfl"])  # imported from the installation (or the bundle), never traced file by file
         fed.to_server(PersonalizedWorkflow(config=self.config.to_dict(), resume=resume, **workflow_args), id="workflow")
@@ -233,11 +233,9 @@ def environment(
 def server_results(result: str | Path) -> dict[str, Any]:
     """The workflow's results.json in a job's result: a simulator workspace (server/simulate_job/) or
     the server workspace an admin downloads."""
-    import json
-
     root = Path(result)
-    found = [root / "server" / "simulate_job" / "results.json"]
-    found = [p for p in found if p.exists()] or sorted(root.rglob("results.json"))
+    simulated = root / "server" / "simulate_job" / "results.json"
+    found = [simulated] if simulated.exists() else sorted(root.rglob("results.json"))
     if not found:
         raise FileNotFoundError(f"{root}: the job left no results.json; see its server log (log.txt)")
     return json.loads(found[0].read_text())
