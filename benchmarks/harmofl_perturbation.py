@@ -38,7 +38,7 @@ def main() -> None:
             model.train()
             total = count = 0
             for x, y in task.train_batches(data.train, cfg.batch_size, generator):
-                loss = perturbed_step(list(model.parameters()), lambda: task.loss(model(x)[0], y), opt, alpha)
+                loss = perturbed_step(list(model.parameters()), lambda: task.loss(model(x)[0], y), opt, alpha)  # noqa: B023 (called at once)
                 total, count = total + float(loss) * len(y), count + len(y)
             test = task.evaluate(model, data.test)
             print(f"| {alpha:g} | {epoch + 1} | {total / count:.3f} | {test['f1']:.1f} | {test['auc']:.1f} |", flush=True)

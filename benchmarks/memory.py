@@ -59,9 +59,18 @@ def one_site(job: str, overrides: list[str], cohort: str, chunk: int) -> dict:
     initial = Download(params=models[method.roles[0]].state_dict(), meta={"round": 0, "global_class_counts": data.class_counts})
     with tempfile.TemporaryDirectory() as state:
         site = SiteRuntime(
-            name="site", cfg=cfg, task=task, method=method, data=data, device=device, state_dir=Path(state),
-            models=models, optimizers={r: method.build_optimizer(m) for r, m in models.items()},
-            generator=torch.Generator().manual_seed(cfg.seed), run_id="memory", eval_batch_size=chunk,
+            name="site",
+            cfg=cfg,
+            task=task,
+            method=method,
+            data=data,
+            device=device,
+            state_dir=Path(state),
+            models=models,
+            optimizers={r: method.build_optimizer(m) for r, m in models.items()},
+            generator=torch.Generator().manual_seed(cfg.seed),
+            run_id="memory",
+            eval_batch_size=chunk,
         )
         tick = time.perf_counter()
         run_round(site, initial, 0)
@@ -106,7 +115,8 @@ def site(args: argparse.Namespace) -> None:
         r = json.loads(out.strip().splitlines()[-1])
         print(
             f"| {chunk} | {r['train']} / {r['valid']} / {r['test']} | {r['rss_after_data_mib']:.0f} | "
-            f"{r['peak_rss_mib']:.0f} | {r['round_seconds']:.0f} |", flush=True,
+            f"{r['peak_rss_mib']:.0f} | {r['round_seconds']:.0f} |",
+            flush=True,
         )
 
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import make_runtime
+
 from prrfl.algorithms import cpa
 from prrfl.config import RunConfig
 from prrfl.data.augment import SliceAugment

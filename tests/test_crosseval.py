@@ -8,16 +8,16 @@ import json
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import balanced_accuracy_score
-
 from conftest import tiny_derm_config
+from sklearn.metrics import balanced_accuracy_score
+from test_e2e_simulator import finished_simulation
+
 from prrfl.config import RunConfig
 from prrfl.crosseval import find_runs, write_crosseval
 from prrfl.messages import Download
 from prrfl.registry import build_method, build_task
 from prrfl.report import protocol_table
 from prrfl.tasks.base import Split
-from test_e2e_simulator import finished_simulation
 
 
 def method_on(task, method: str, **args):
@@ -95,12 +95,22 @@ def test_fcas_global_model_is_the_extractor_with_the_federated_head(tiny_task):
 
 def test_protocol_table_has_fcas_layout():
     runs = [
-        {"method": "fca", "seed": s, "generalization": {"model": "global", "values": {"bacc": g, "auc": 70.0}},
-         "specialization": {"values": {"bacc": 60.0 + s, "auc": 80.0}}}
+        {
+            "method": "fca",
+            "seed": s,
+            "generalization": {"model": "global", "values": {"bacc": g, "auc": 70.0}},
+            "specialization": {"values": {"bacc": 60.0 + s, "auc": 80.0}},
+        }
         for s, g in ((0, 50.0), (1, 52.0))
     ]
-    runs.append({"method": "prr", "seed": 0, "generalization": {"model": "sites", "values": {"bacc": 40.0, "auc": 65.0}},
-                 "specialization": {"values": {"bacc": 70.0, "auc": 85.0}}})
+    runs.append(
+        {
+            "method": "prr",
+            "seed": 0,
+            "generalization": {"model": "sites", "values": {"bacc": 40.0, "auc": 65.0}},
+            "specialization": {"values": {"bacc": 70.0, "auc": 85.0}},
+        }
+    )
     table = protocol_table(runs, ["prr", "fca"], ("bacc", "auc")).splitlines()
     assert table[0] == "| method | seeds | generalization scored by | Gen bACC | Gen bAUC | Spec bACC | Spec bAUC |"
     assert table[2] == "| prr | 1 | each site's model, mean over sites | 40.00 | 65.00 | 70.00 | 85.00 |"
@@ -142,8 +152,10 @@ def test_harmofl_run_shares_one_frozen_amplitude_and_scores_with_its_global_mode
     cfg = tiny_derm_config(method="harmofl", run_name="derm_harmofl", method_args={})
     ws, _ = finished_simulation(tmp_path, "derm_harmofl", cfg)
     state = ws.with_name("ws.state")
-    amplitudes = [torch.load(state / s / "derm_harmofl/site_state.pt", weights_only=False)["models"]["local"]["norm.amplitude"]
-                  for s in ("site-1", "site-2")]
+    amplitudes = [
+        torch.load(state / s / "derm_harmofl/site_state.pt", weights_only=False)["models"]["local"]["norm.amplitude"]
+        for s in ("site-1", "site-2")
+    ]
     server = json.loads((ws / "server/simulate_job/results.json").read_text())
     global_amplitude = torch.load(server["global_model"]["file"])["norm.amplitude"]
     assert global_amplitude.abs().sum() > 0
@@ -158,8 +170,11 @@ def test_harmofl_run_shares_one_frozen_amplitude_and_scores_with_its_global_mode
 def test_summary_line_lists_the_metrics_in_the_tasks_order():
     from prrfl.crosseval import summary_line
 
-    result = {"metrics": ["bacc", "auc"], "generalization": {"model": "global", "values": {"auc": 70.25, "bacc": 51.0}},
-              "specialization": {"values": {"auc": 75.0, "bacc": 60.04}}}
+    result = {
+        "metrics": ["bacc", "auc"],
+        "generalization": {"model": "global", "values": {"auc": 70.25, "bacc": 51.0}},
+        "specialization": {"values": {"auc": 75.0, "bacc": 60.04}},
+    }
     assert summary_line(result) == "generalization (global) bacc 51.0 auc 70.2; specialization bacc 60.0 auc 75.0"
 
 
@@ -167,9 +182,15 @@ def test_cross_site_matrix_rows_are_models_and_columns_test_splits_by_cohort():
     from prrfl.report import cross_site_table
 
     def run(seed, ab):
-        return {"method": "prr", "seed": seed, "cohorts": {"site-1": "A", "site-2": "B"},
-                "cross_site": {"site-1": {"site-1": {"f1": 80.0}, "site-2": {"f1": ab}},
-                               "site-2": {"site-1": {"f1": 30.0}, "site-2": {"f1": 70.0 + seed}}}}
+        return {
+            "method": "prr",
+            "seed": seed,
+            "cohorts": {"site-1": "A", "site-2": "B"},
+            "cross_site": {
+                "site-1": {"site-1": {"f1": 80.0}, "site-2": {"f1": ab}},
+                "site-2": {"site-1": {"f1": 30.0}, "site-2": {"f1": 70.0 + seed}},
+            },
+        }
 
     table = cross_site_table([run(0, 40.0), run(1, 44.0), {"method": "fedavg"}], "prr", "f1", ("B", "A")).splitlines()
     assert table[0] == "| prr: F1 on → | B | A |"

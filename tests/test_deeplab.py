@@ -73,7 +73,7 @@ def test_atrous_rates_and_strides():
 
 def test_initialisation():
     model = build(width=32)
-    for name, m in model.named_modules():
+    for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
             assert torch.equal(m.weight, torch.ones_like(m.weight)) and torch.equal(m.bias, torch.zeros_like(m.bias))
     aspp = torch.cat([m.weight.flatten() for m in model.aspp])

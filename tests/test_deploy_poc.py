@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 import yaml
-
 from conftest import tiny_derm_config
+
 from prrfl.deploy import POC_TEMPLATE, make_project
 from prrfl.flare.recipe import export_job
 
@@ -48,11 +48,25 @@ def our_processes(marker: str) -> list[psutil.Process]:
     return found
 
 
-def deploy_command(tmp_path, num_rounds: int = 2) -> tuple[list[str], dict[str, str], "os.PathLike"]:
+def deploy_command(tmp_path, num_rounds: int = 2) -> tuple[list[str], dict[str, str], os.PathLike]:
     job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=num_rounds))
     work = tmp_path / "poc"
     env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "prrfl.cli", "deploy", "poc", "--job", str(job), "--sites", "2", "--workdir", str(work), "--timeout", "240"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "prrfl.cli",
+        "deploy",
+        "poc",
+        "--job",
+        str(job),
+        "--sites",
+        "2",
+        "--workdir",
+        str(work),
+        "--timeout",
+        "240",
+    ]
     return cmd, env, work
 
 

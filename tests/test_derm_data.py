@@ -268,9 +268,7 @@ def test_real_data_keeps_its_split_and_is_warned_about_small_heldout_classes(pre
         for c in ("bkl", "mel")
     ]
     assert "site B: valid holds 2 mel image(s)" in caplog.text
-    no_valid = prepare_dermoscopy(
-        raw, tmp_path / "r", size=16, sites=("B",), split=(0.8, 0, 0.2), heldout_min_per_class=3
-    )
+    no_valid = prepare_dermoscopy(raw, tmp_path / "r", size=16, sites=("B",), split=(0.8, 0, 0.2), heldout_min_per_class=3)
     assert no_valid.counts("B", "valid") == (0, 0, 0) and no_valid.data["warnings"] == []  # unused: no warning
 
 
@@ -307,9 +305,7 @@ def test_author_split_assignment(tmp_path):
     generate_synthetic(raw, scale=0.01, seed=0, image_size=(48, 36), sites=("A", "D"), metadata_dir=AUTHORS_COPY)
     with pytest.raises(ValueError, match="not in the raw data of site A"):
         prepare_dermoscopy(raw, tmp_path / "p", size=16, sites=("A", "D"), author_splits_dir=AUTHORS_COPY)
-    m = prepare_dermoscopy(
-        raw, tmp_path / "p", size=16, sites=("A", "D"), author_splits_dir=AUTHORS_COPY, allow_missing=True
-    )
+    m = prepare_dermoscopy(raw, tmp_path / "p", size=16, sites=("A", "D"), author_splits_dir=AUTHORS_COPY, allow_missing=True)
     truth = read_author_splits(AUTHORS_COPY, ["A", "D"])
     for s in ("A", "D"):
         assert m.data["sites"][s]["split_rule"] == "authors"

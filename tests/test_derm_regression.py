@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import TINY_DATA
+
 from prrfl.data.augment import DermAugment, normalize
 from prrfl.metrics import classification_metrics
 from prrfl.models import SlimVGG16BN
@@ -50,7 +50,9 @@ def test_derm_evaluation_is_the_loops_evaluation_value_for_value(derm_site):
     torch.manual_seed(0)
     model = SlimVGG16BN(num_classes=3).eval()
     with torch.no_grad():  # the reference: softmax of whole-split chunks of 256, then the metrics
-        probs = torch.cat([torch.softmax(model(normalize(data.test.images[s : s + 256]))[0].float(), dim=1) for s in range(0, len(data.test), 256)])
+        probs = torch.cat(
+            [torch.softmax(model(normalize(data.test.images[s : s + 256]))[0].float(), dim=1) for s in range(0, len(data.test), 256)]
+        )
     reference = classification_metrics(probs.numpy(), data.test.targets.numpy(), 3)
     assert task.evaluate(model, data.test) == reference
     assert np.isfinite(list(reference.values())).all()

@@ -15,8 +15,8 @@ from prrfl.data.derm import lesions, synthetic
 from prrfl.data.derm.layout import DEFAULT_LAYOUT as L
 from prrfl.data.derm.layout import SITES
 from prrfl.data.derm.plan import class_floor, plan_federation, table_counts
-from prrfl.data.derm.splitting import HELDOUT_MIN_PER_CLASS
 from prrfl.data.derm.records import read_sites
+from prrfl.data.derm.splitting import HELDOUT_MIN_PER_CLASS
 from prrfl.data.derm.synthetic import generate_synthetic, render_synthetic_image
 
 AUTHORS = Path(__file__).parent / "data" / "authors_splits"

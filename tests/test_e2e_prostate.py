@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_e2e_simulator import finished_simulation
 
 from prrfl.config import RunConfig
 from prrfl.flare.jobs import job_config
-from test_e2e_simulator import finished_simulation
 
 pytestmark = pytest.mark.e2e
 

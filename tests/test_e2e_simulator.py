@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_derm_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import tiny_derm_config
 from prrfl.config import RunConfig
 from prrfl.flare.recipe import export_job
 from prrfl.sweep import simulator_command
 
 pytestmark = pytest.mark.e2e
-
 
 
 def run_simulator(job: Path, workspace: Path, sites: int, cache: Path) -> subprocess.CompletedProcess:
@@ -154,8 +153,17 @@ def test_tensorboard_runs_are_named_by_cohort_and_the_server_writes_the_federati
     assert sorted(p.name for p in tb.iterdir()) == sorted([*(r.name for r in runs.values()), "federation"])
     sites = {s: scalars_of(run) for s, run in runs.items()}
     for s, tags in sites.items():
-        for expected in ("loss/personal", "loss/deputy", "det/recover", "det/exchange", "det/sublimate", "valid/f1", "test/auc",
-                         "cpa/gamma_mel", "retrogress/f1_drop"):
+        for expected in (
+            "loss/personal",
+            "loss/deputy",
+            "det/recover",
+            "det/exchange",
+            "det/sublimate",
+            "valid/f1",
+            "test/auc",
+            "cpa/gamma_mel",
+            "retrogress/f1_drop",
+        ):
             assert expected in tags, (s, expected, sorted(tags))
         assert "pfa/r" not in tags  # logged once, by the server
     fed = scalars_of(tb / "federation")

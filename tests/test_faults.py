@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-
 from conftest import TINY_DATA, tiny_derm_config, untimed, wait_for
+
 from prrfl.cli import main as prrfl
 from prrfl.config import RunConfig
 from prrfl.data.derm import ensure_synthetic_federation
@@ -24,7 +24,6 @@ from prrfl.deploy import poc_deployment, with_workflow_args, write_site_config
 from prrfl.flare.jobs import job_config
 from prrfl.flare.recipe import export_job
 from prrfl.flare.workflow import STATE_FILE, resume_problem
-
 
 
 def test_resume_rule_only_lets_num_rounds_grow():
@@ -91,8 +90,10 @@ def test_server_killed_mid_job_resumes_from_the_last_completed_round(deployment)
     assert resumed["next_round"] == reference["next_round"] == 2
     assert [h["round"] for h in resumed["history"]] == [h["round"] for h in reference["history"]] == [0, 1]
     assert resumed["run_id"] == before["run_id"] != reference["run_id"]  # the same run, continued
-    results = {name: json.loads(next(dep.kits.kit(dep.kits.server).rglob(f"prrfl/{name}/results.json")).read_text())
-               for name in ("uninterrupted", "interrupted")}
+    results = {
+        name: json.loads(next(dep.kits.kit(dep.kits.server).rglob(f"prrfl/{name}/results.json")).read_text())
+        for name in ("uninterrupted", "interrupted")
+    }
     assert sorted(results["interrupted"]["sites"]) == sorted(results["uninterrupted"]["sites"]) == sorted(dep.kits.sites)
     for site in dep.kits.sites:
         # each site resumed from its own checkpoint (rolled back if it had finished the round the
@@ -165,9 +166,14 @@ def test_a_site_with_corrupt_local_data_fails_at_start_and_the_others_train(depl
     broken = dep.kits.sites[1]
     healthy = sorted(s for s in dep.kits.sites if s != broken)
     cohort = json.loads((dep.kits.kit(broken) / "local/prrfl_site.json").read_text())["cohort"]
-    prepared = ensure_synthetic_federation(dep.root / "cache", scale=TINY_DATA["synthetic_scale"], seed=0,
-                                           raw_size=tuple(TINY_DATA["synthetic_raw_size"]), size=TINY_DATA["image_size"],
-                                           heldout_min_per_class=TINY_DATA["heldout_min_per_class"])
+    prepared = ensure_synthetic_federation(
+        dep.root / "cache",
+        scale=TINY_DATA["synthetic_scale"],
+        seed=0,
+        raw_size=tuple(TINY_DATA["synthetic_raw_size"]),
+        size=TINY_DATA["image_size"],
+        heldout_min_per_class=TINY_DATA["heldout_min_per_class"],
+    )
     data_root = tmp_path / "hospital_disk"
     shutil.copytree(prepared, data_root)
     bad_file = data_root / cohort / "train.npz"

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import make_runtime
+
 from prrfl.config import ConfigError, RunConfig
 from prrfl.messages import Download
 from prrfl.methods.fca import FCA, authors_consistency, balanced_softmax_loss

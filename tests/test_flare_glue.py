@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TinyTask
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.fl_model import ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
-from conftest import TinyTask
 from prrfl.config import RunConfig
 from prrfl.flare import protocol as P
 from prrfl.flare.jobs import JOBS, job_config, job_files
@@ -162,9 +162,7 @@ def test_an_update_far_above_the_rounds_median_is_an_outlier_with_its_reason():
     norms = {"site-1": 1.0, "site-2": 2.0, "site-3": 1.5, "site-4": 50.0}
     # lower median of [1, 1.5, 2, 50] is 1.5; 50 > 10 x 1.5, 2 is not
     assert list(norm_outliers(norms, 10.0)) == ["site-4"]
-    assert norm_outliers(norms, 10.0)["site-4"] == (
-        "its update norm 50 is 33.3 x the round's median 1.5 (limit: update_norm_ratio=10)"
-    )
+    assert norm_outliers(norms, 10.0)["site-4"] == ("its update norm 50 is 33.3 x the round's median 1.5 (limit: update_norm_ratio=10)")
     two_huge = {"a": 1.0, "b": 1.2, "c": 1e6, "d": 2e6}  # the lower median is still an honest site's
     assert sorted(norm_outliers(two_huge, 10.0)) == ["c", "d"]
     assert norm_outliers(norms, None) == {}  # off

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TinySegTask, TinyTask
 from torch import nn
 
-from conftest import TinySegTask, TinyTask
 from prrfl.config import ConfigError, RunConfig
 from prrfl.messages import Download
 from prrfl.methods.harmofl import AmplitudeNormalization, HarmoFL, HarmoFLModel, perturbed_step
@@ -21,18 +21,32 @@ from prrfl.site.trainer import run_round
 def harmofl_site(task, tmp_path, site: str = "A", **options) -> SiteRuntime:
     """A site running HarmoFL on a tiny task, built as the loop's fixtures build theirs."""
     cfg = RunConfig.from_dict(
-        {"task": "tiny", "method": "harmofl", "num_rounds": 2, "local_epochs": 1, "batch_size": 8, "lr": 0.05,
-         "eval_test_every_epoch": False}
+        {
+            "task": "tiny",
+            "method": "harmofl",
+            "num_rounds": 2,
+            "local_epochs": 1,
+            "batch_size": 8,
+            "lr": 0.05,
+            "eval_test_every_epoch": False,
+        }
     )
     method = HarmoFL(cfg, task, **options)
     torch.manual_seed(123)
     models = {role: method.build_model() for role in method.roles}
     scalars: list = []
     runtime = SiteRuntime(
-        name=site, cfg=cfg, task=task, method=method, data=task.load_site(site, torch.device("cpu")),
-        device=torch.device("cpu"), state_dir=tmp_path / site, models=models,
+        name=site,
+        cfg=cfg,
+        task=task,
+        method=method,
+        data=task.load_site(site, torch.device("cpu")),
+        device=torch.device("cpu"),
+        state_dir=tmp_path / site,
+        models=models,
         optimizers={role: method.build_optimizer(m) for role, m in models.items()},
-        generator=torch.Generator().manual_seed(7), run_id="run",
+        generator=torch.Generator().manual_seed(7),
+        run_id="run",
         log_scalar=lambda tag, value, step: scalars.append((tag, value, step)),
     )
     runtime.scalars = scalars  # type: ignore[attr-defined]

@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import TinySegTask, TinyTask, make_runtime
+
 from prrfl.algorithms import det, pfa
 from prrfl.config import ConfigError, RunConfig
 from prrfl.flare.validation import upload_problem
-from prrfl.methods.apfl import mix_parameters
 from prrfl.messages import Download, Upload
+from prrfl.methods.apfl import mix_parameters
 from prrfl.methods.fedproto import average_prototypes, prototype_regulariser
 from prrfl.methods.perfedavg import first_order_meta_step
 from prrfl.methods.pfedme import moreau_step, solve_personalized
@@ -133,8 +133,13 @@ def test_fedproto_sends_only_prototypes(tiny_task, tmp_path):
     fedproto = method(tiny_task, "fedproto")
     assert fedproto.shared_keys(tiny_task.build_model()) == []
     protos = [[[1.0] * 8, [0.0] * 8, [2.0] * 8], [[3.0] * 8, [4.0] * 8, [0.0] * 8]]
-    ups = constant_uploads(tiny_task, [0, 0], counts=[(1, 1, 2), (3, 1, 0)], keys=(),
-                           meta=[{"prototypes": p, "prototype_present": [c > 0 for c in n]} for p, n in zip(protos, [(1, 1, 2), (3, 1, 0)])])
+    ups = constant_uploads(
+        tiny_task,
+        [0, 0],
+        counts=[(1, 1, 2), (3, 1, 0)],
+        keys=(),
+        meta=[{"prototypes": p, "prototype_present": [c > 0 for c in n]} for p, n in zip(protos, [(1, 1, 2), (3, 1, 0)])],
+    )
     d = fedproto.aggregate(ups, 0, {})["s1"]
     assert d.params == {}
     assert [row[0] for row in d.meta["global_prototypes"]] == [2.5, 2.0, 2.0]
@@ -163,8 +168,10 @@ def test_prrfl_is_amplitude_only_pfa_with_the_classifier_as_a_matrix_and_cross_e
     logits, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 1])
     torch.testing.assert_close(prrfl.supervised_loss(site, logits, labels), F.cross_entropy(logits, labels))
     torch.manual_seed(1)
-    ups = [Upload(f"s{i}", {k: torch.randn_like(v) for k, v in u.params.items()}, 15, [5, 5, 5])
-           for i, u in enumerate(constant_uploads(tiny_task, [0, 0], keys=prrfl.shared_keys(tiny_task.build_model())))]
+    ups = [
+        Upload(f"s{i}", {k: torch.randn_like(v) for k, v in u.params.items()}, 15, [5, 5, 5])
+        for i, u in enumerate(constant_uploads(tiny_task, [0, 0], keys=prrfl.shared_keys(tiny_task.build_model())))
+    ]
     downloads = prrfl.aggregate(ups, 0, {})
     r = pfa.pfa_threshold(0, prrfl.cfg.num_rounds)
     want = pfa.pfa_aggregate([u.params for u in ups], r, components="amplitude", classifier_rowwise=False, bn_keys=set())
@@ -177,7 +184,9 @@ def test_fedeamc_weights_classes_by_inverse_counts(tiny_task, tmp_path):
     torch.testing.assert_close(count_weights([6, 3, 1]), torch.tensor([10 / 18, 10 / 9, 10 / 3], dtype=torch.float64))
     assert count_weights([4, 0, 4]).tolist() == [1.0, 0.0, 1.0]  # C counts the classes present
     site = make_runtime(tiny_task, tmp_path, method="fedeamc")
-    site.method.on_download(site, Download(params=initial(tiny_task).params, meta={"round": 0, "global_class_counts": [6, 3, 1]}), first=True)
+    site.method.on_download(
+        site, Download(params=initial(tiny_task).params, meta={"round": 0, "global_class_counts": [6, 3, 1]}), first=True
+    )
     logits, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 2])
     ce = F.cross_entropy(logits, labels, reduction="none")
     expected = (ce * torch.tensor([10 / 18, 10 / 9, 10 / 3, 10 / 3])).mean()
@@ -251,7 +260,7 @@ def test_apfl_mixed_model_and_alpha_update(tiny_task, tmp_path):
         for p in personal.parameters():
             p.add_(0.1 * torch.randn_like(p))
     apfl.refresh_mixed(site)
-    for (n, m), v, w in zip(mixed.named_parameters(), personal.parameters(), shared.parameters()):
+    for m, v, w in zip(mixed.parameters(), personal.parameters(), shared.parameters()):
         torch.testing.assert_close(m.detach(), 0.3 * v.detach() + 0.7 * w.detach())
 
     inputs, labels = torch.randn(6, 3, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2])
@@ -260,7 +269,9 @@ def test_apfl_mixed_model_and_alpha_update(tiny_task, tmp_path):
     reference.load_state_dict(mixed.state_dict())
     reference.train()
     F.cross_entropy(reference(inputs)[0], labels).backward()
-    inner = sum(((v.detach() - w.detach()) * r.grad).sum() for v, w, r in zip(personal.parameters(), shared.parameters(), reference.parameters()))
+    inner = sum(
+        ((v.detach() - w.detach()) * r.grad).sum() for v, w, r in zip(personal.parameters(), shared.parameters(), reference.parameters())
+    )
     lr = site.optimizers["personal"].param_groups[0]["lr"]
     v_expected = [v.detach() - lr * 0.3 * r.grad for v, r in zip(personal.parameters(), reference.parameters())]
     apfl.train_batch(site, inputs, labels)
@@ -289,7 +300,9 @@ def test_prr_without_det_keeps_one_model_that_receives_the_download(tiny_task, t
 
 def test_prr_cpa_switches(tiny_task, tmp_path):
     site = make_runtime(tiny_task, tmp_path, method_args={"cpa_global": False})
-    site.method.on_download(site, Download(params=initial(tiny_task).params, meta={"round": 0, "global_class_counts": [50, 5, 1]}), first=True)
+    site.method.on_download(
+        site, Download(params=initial(tiny_task).params, meta={"round": 0, "global_class_counts": [50, 5, 1]}), first=True
+    )
     assert torch.equal(site.memory["mask"], torch.ones(3, 3, dtype=torch.float64))
     no_local = make_runtime(tiny_task, tmp_path / "nl", method_args={"cpa_local": False})
     upload = run_round(no_local, initial(tiny_task), 0)
@@ -324,8 +337,10 @@ def test_det_phases_are_respected_in_training(tiny_task, tmp_path):
 
 # ----- every method through the shared loop ----------------------------------------------------------------
 APPLICABLE = [  # every (method, tiny task) pair the method applies to
-    (name, fixture) for fixture, task in (("tiny_task", TinyTask({})), ("tiny_seg_task", TinySegTask({})))
-    for name in method_names() if method_class(name).unsupported_reason(task) is None
+    (name, fixture)
+    for fixture, task in (("tiny_task", TinyTask({})), ("tiny_seg_task", TinySegTask({})))
+    for name in method_names()
+    if method_class(name).unsupported_reason(task) is None
 ]
 
 
@@ -337,7 +352,9 @@ def test_every_method_runs_two_rounds_through_the_shared_loop(name, task_fixture
     method = sites[0].method
     reference = {k: v for k, v in method.reference_model.state_dict().items() if k in method.shared_keys(method.reference_model)}
     torch.manual_seed(0)
-    downloads = {s.name: Download(params=method.build_model().state_dict(), meta={"round": 0, "global_class_counts": counts}) for s in sites}
+    downloads = {
+        s.name: Download(params=method.build_model().state_dict(), meta={"round": 0, "global_class_counts": counts}) for s in sites
+    }
     server: dict = {}
     for round_idx in range(2):
         uploads = [run_round(s, downloads[s.name], round_idx) for s in sites]
@@ -346,7 +363,9 @@ def test_every_method_runs_two_rounds_through_the_shared_loop(name, task_fixture
             assert upload_problem(u, reference, tiny_task) is None
         out = sites[0].method.aggregate(uploads, round_idx, server)
         assert sorted(out) == ["A", "B"]
-        downloads = {k: Download(params=d.params, meta={**d.meta, "round": round_idx + 1, "global_class_counts": counts}) for k, d in out.items()}
+        downloads = {
+            k: Download(params=d.params, meta={**d.meta, "round": round_idx + 1, "global_class_counts": counts}) for k, d in out.items()
+        }
     for s in sites:
         losses = [v for tag, v, _ in s.scalars if tag.startswith("loss/")]
         assert losses and all(math.isfinite(v) for v in losses)

@@ -131,8 +131,9 @@ def test_mix_shares_weighted_amplitude_and_phase_inside_and_keeps_own_outside(r)
     amp_avg, phase_avg = (w * own.abs()).sum(0), (w * own.angle()).sum(0)
     for k in range(3):
         torch.testing.assert_close(mixed[k].abs()[inside], amp_avg[inside])
-        torch.testing.assert_close(torch.polar(torch.ones_like(amp_avg), mixed[k].angle())[inside],
-                                   torch.polar(torch.ones_like(amp_avg), phase_avg)[inside])
+        torch.testing.assert_close(
+            torch.polar(torch.ones_like(amp_avg), mixed[k].angle())[inside], torch.polar(torch.ones_like(amp_avg), phase_avg)[inside]
+        )
         torch.testing.assert_close(mixed[k][~inside], own[k][~inside])
 
 
@@ -290,9 +291,15 @@ def test_batchnorm_key_detection():
     assert batchnorm_keys(model) == {f"1.{k}" for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
     assert batchnorm_keys(Toy()) == set(BN)
     keys = [
-        "layer1.0.bn1.weight", "fc1_bn.bias", "bn.weight",  # BN by name
-        "downsample.1.weight", "downsample.1.bias", "downsample.1.running_mean",  # BN by its running stats
-        "downsample.0.weight", "subnet.conv.weight", "fc2.weight",  # not BN
+        "layer1.0.bn1.weight",
+        "fc1_bn.bias",
+        "bn.weight",  # BN by name
+        "downsample.1.weight",
+        "downsample.1.bias",
+        "downsample.1.running_mean",  # BN by its running stats
+        "downsample.0.weight",
+        "subnet.conv.weight",
+        "fc2.weight",  # not BN
     ]
     assert guess_batchnorm_keys(keys) == set(keys[:6])
 

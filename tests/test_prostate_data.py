@@ -15,6 +15,7 @@ import torch
 
 from prrfl.data.prostate import __main__ as cli
 from prrfl.data.prostate import cache as cache_mod
+from prrfl.data.prostate.anatomy import sample_anatomy
 from prrfl.data.prostate.cache import ensure_synthetic_prostate
 from prrfl.data.prostate.layout import SITES, SPLITS, TABLE_SITES
 from prrfl.data.prostate.prepare import ProstateManifest, prepare_prostate
@@ -27,7 +28,6 @@ from prrfl.data.prostate.reader import (
     load_case,
     to_display,
 )
-from prrfl.data.prostate.anatomy import sample_anatomy
 from prrfl.data.prostate.scanner import SCANNER_PROFILES, acquire
 from prrfl.data.prostate.splitting import patient_split
 from prrfl.data.prostate.store import load_split, split_path
@@ -358,9 +358,17 @@ def test_load_split_refuses_bad_files_naming_them(prepared, tmp_path):
 
 
 def test_case_counts_follow_the_scale():
-    assert case_counts(1.0) == {s: SITES[s].cases for s in TABLE_SITES} == {
-        "RUNMC": 30, "BMC": 30, "UCL": 13, "BIDMC": 12, "HK": 12,
-    }
+    assert (
+        case_counts(1.0)
+        == {s: SITES[s].cases for s in TABLE_SITES}
+        == {
+            "RUNMC": 30,
+            "BMC": 30,
+            "UCL": 13,
+            "BIDMC": 12,
+            "HK": 12,
+        }
+    )
     assert case_counts(0.5) == {"RUNMC": 15, "BMC": 15, "UCL": 7, "BIDMC": 6, "HK": 6}
     assert case_counts(0.01) == {s: 3 for s in TABLE_SITES}
     assert case_counts(1.0, ["I2CVB"]) == {"I2CVB": 19}
@@ -466,8 +474,12 @@ def test_scanner_shift_between_sites_is_real(site_cases):
         return float(air.mean() / np.median(tissue))
 
     assert noise_floor("HK") > 1.5 * noise_floor("RUNMC")  # a noisier site
-    hist = {s: np.histogram(np.concatenate([(c.image / np.percentile(c.image, 99.5)).ravel() for c in cs]),
-                            bins=20, range=(0, 1.2), density=True)[0] for s, cs in site_cases.items()}
+    hist = {
+        s: np.histogram(
+            np.concatenate([(c.image / np.percentile(c.image, 99.5)).ravel() for c in cs]), bins=20, range=(0, 1.2), density=True
+        )[0]
+        for s, cs in site_cases.items()
+    }
     assert np.abs(hist["BMC"] - hist["HK"]).sum() > 1.0  # normalised histograms still differ (gamma, contrast)
 
 
@@ -495,8 +507,9 @@ def test_stored_layout_round_trips_through_the_reader(tmp_path):
         _save(tmp_path / orientation / "UCL" / "Case00.nii.gz", array, affine)
         mask, _ = stored_layout(case.mask, case.grid, orientation)
         _save(tmp_path / orientation / "UCL" / "Case00_segmentation.nii.gz", mask, affine)
-        loaded = load_case(CaseFiles("UCL", "Case00", *(tmp_path / orientation / "UCL" / n for n in
-                                                         ("Case00.nii.gz", "Case00_segmentation.nii.gz"))))
+        loaded = load_case(
+            CaseFiles("UCL", "Case00", *(tmp_path / orientation / "UCL" / n for n in ("Case00.nii.gz", "Case00_segmentation.nii.gz")))
+        )
         np.testing.assert_array_equal(to_display(loaded.image), case.image.astype(np.float32))
         np.testing.assert_array_equal(to_display(loaded.mask), case.mask)
 

@@ -21,8 +21,13 @@ def task_and_site():
 
 @pytest.mark.parametrize(
     "data, field",
-    [({"image_size": 30}, "data.image_size"), ({"prototype_pooling": "mean"}, "data.prototype_pooling"),
-     ({"model_width": 2}, "data.model_width"), ({"synthetic_scale": "0.3"}, "data.synthetic_scale"), ({"size": 64}, "data")],
+    [
+        ({"image_size": 30}, "data.image_size"),
+        ({"prototype_pooling": "mean"}, "data.prototype_pooling"),
+        ({"model_width": 2}, "data.model_width"),
+        ({"synthetic_scale": "0.3"}, "data.synthetic_scale"),
+        ({"size": 64}, "data"),
+    ],
 )
 def test_bad_options_are_refused_naming_the_field(data, field):
     with pytest.raises(ConfigError, match=f"'{field}"):

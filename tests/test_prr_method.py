@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_runtime
+
 from prrfl.algorithms import cpa, det
 from prrfl.config import RunConfig
 from prrfl.messages import Upload
@@ -54,7 +54,9 @@ def test_aggregate_sends_each_site_its_own_mix_and_a_sampled_prototype(tiny_task
 def test_aggregate_with_identical_sites_returns_them_unchanged(tiny_task):
     method = PRR(RunConfig(task="tiny", num_rounds=2), tiny_task)
     same = uploads(tiny_task, 1) * 3
-    same = [Upload(site=f"s{i}", params=u.params, num_train=u.num_train, class_counts=u.class_counts, meta=u.meta) for i, u in enumerate(same)]
+    same = [
+        Upload(site=f"s{i}", params=u.params, num_train=u.num_train, class_counts=u.class_counts, meta=u.meta) for i, u in enumerate(same)
+    ]
     downloads = method.aggregate(same, round_idx=1, server={})
     for d in downloads.values():
         for key, value in same[0].params.items():

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_DATA, tiny_derm_config, untimed
 from nvflare.recipe import PocEnv, ProdEnv, SimEnv
 from nvflare.recipe.spec import Recipe
 
-from conftest import TINY_DATA, tiny_derm_config, untimed
 from prrfl.config import ConfigError
 from prrfl.flare.jobs import job_config, job_files
 from prrfl.flare.recipe import PACKAGE, PersonalizedRecipe, environment, export_job, server_results
@@ -70,7 +70,10 @@ def test_job_py_exports_with_flares_own_flags(tmp_path):
     out = tmp_path / "exported"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "job.py"), "--task", "derm", "--method", "fedbn", "--export", "--export-dir", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     exported, committed = job_files(out / "derm_fedbn"), job_files(ROOT / "jobs" / "derm_fedbn")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import make_runtime, tiny_derm_config
+from test_site_loop import initial_download, next_download
+
 from prrfl.flare import places
 from prrfl.flare.liveness import Deadline
 from prrfl.flare.site_app import build_runtime
@@ -20,7 +21,6 @@ from prrfl.report import participation, results_table
 from prrfl.site.state import CHECKPOINT, PREVIOUS_CHECKPOINT
 from prrfl.site.trainer import run_round
 from prrfl.storage import save_torch
-from test_site_loop import initial_download, next_download
 
 
 def truncate(path: Path) -> None:
@@ -171,7 +171,9 @@ def test_the_table_marks_stale_sites_and_missed_rounds():
     assert "| b (stale) | 0 | 1/3 |" in table and "| c (stale) | 0 | 2/3 |" in table
     assert "* b: missed round(s) [1, 2]; its numbers are those of round 0, its last aggregated upload" in table
     history.append({"round": 3, "sites": ["a", "b", "c"]})
-    assert "| b (missed rounds) | 0 | 2/4 |" in results_table({"b": {**summaries["b"], "participation": participation(history, ["b"])["b"]}}, ("f1", "auc"))
+    assert "| b (missed rounds) | 0 | 2/4 |" in results_table(
+        {"b": {**summaries["b"], "participation": participation(history, ["b"])["b"]}}, ("f1", "auc")
+    )
 
 
 # ----- site settings -------------------------------------------------------------------------

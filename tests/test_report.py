@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 import statistics
+import sys
 from pathlib import Path
 
 import matplotlib.image
@@ -51,9 +51,19 @@ def history(method: str, seed: int, site_index: int) -> list[dict]:
             f1 = before - drop(method, seed, site_index)
             records.append({"kind": "download", "round": rnd, "epochs_done": rnd * EPOCHS, "test": metrics(f1)})
         for e in range(1, EPOCHS + 1):
-            records.append({"kind": "epoch", "round": rnd, "epochs_done": rnd * EPOCHS + e, "test": metrics(40 + 5 * site_index + 10 * rnd + 2 * e)})
-        records.append({"kind": "round", "round": rnd, "epochs_done": (rnd + 1) * EPOCHS, "valid": metrics(50), "test": metrics(60),
-                        "timing": {"round_seconds": 1.0, "train_seconds": 0.8, "train_images_per_second": 100.0}})
+            records.append(
+                {"kind": "epoch", "round": rnd, "epochs_done": rnd * EPOCHS + e, "test": metrics(40 + 5 * site_index + 10 * rnd + 2 * e)}
+            )
+        records.append(
+            {
+                "kind": "round",
+                "round": rnd,
+                "epochs_done": (rnd + 1) * EPOCHS,
+                "valid": metrics(50),
+                "test": metrics(60),
+                "timing": {"round_seconds": 1.0, "train_seconds": 0.8, "train_images_per_second": 100.0},
+            }
+        )
     return records
 
 
@@ -67,9 +77,19 @@ def write_run(ws: Path, method: str, seed: int, run_name: str | None = None, run
         ood = metrics((50.0 if method == "prr" else 40.0) + SHIFT[method] * seed) if cohort == "A" else metrics(10.0)
         records = history(method, seed, i)
         results = {
-            "site": site, "cohort": cohort, "method": method, "run_name": run_name, "run_id": run_id, "seed": seed,
-            "rounds_completed": ROUNDS, "num_train": 100, "class_counts": [60, 20, 20],
-            "best": {"round": 2, "valid": metrics(f1 - 1), "test": metrics(f1)}, "last": records[-1], "ood": ood, "history": records,
+            "site": site,
+            "cohort": cohort,
+            "method": method,
+            "run_name": run_name,
+            "run_id": run_id,
+            "seed": seed,
+            "rounds_completed": ROUNDS,
+            "num_train": 100,
+            "class_counts": [60, 20, 20],
+            "best": {"round": 2, "valid": metrics(f1 - 1), "test": metrics(f1)},
+            "last": records[-1],
+            "ood": ood,
+            "history": records,
         }
         path = ws / site / "prrfl" / run_name / "results.json"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +131,9 @@ def test_two_runs_of_one_method_and_seed_are_refused(workspaces, tmp_path):
 def test_long_rows_are_one_per_method_seed_site_split_metric(workspaces):
     rows = long_rows(find_results(workspaces))
     assert len(rows) == 16 * 4 * 4  # 16 site files x (best_valid, best_test, last_test, ood) x 4 metrics
-    row = next(r for r in rows if (r["method"], r["seed"], r["site"], r["split"], r["metric"]) == ("fedavg", 1, "site-3", "best_test", "f1"))
+    row = next(
+        r for r in rows if (r["method"], r["seed"], r["site"], r["split"], r["metric"]) == ("fedavg", 1, "site-3", "best_test", "f1")
+    )
     assert row["cohort"] == "C" and row["value"] == 62.0 and row["run_id"] == "fedavg1"
 
 
@@ -204,7 +226,9 @@ class FakeSimulator:
     def __call__(self, command: list[str], log: Path) -> int:
         self.commands.append(command)
         log.write_text("simulator output\n")
-        cfg = json.loads((Path(command[command.index("simulator") + 1]) / "app/config/config_fed_server.json").read_text())["workflows"][0]["args"]["config"]
+        cfg = json.loads((Path(command[command.index("simulator") + 1]) / "app/config/config_fed_server.json").read_text())["workflows"][0][
+            "args"
+        ]["config"]
         self.configs.append(cfg)
         if self.fail:
             return 1

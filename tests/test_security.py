@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_runtime
+
 from prrfl.flare import protocol as P
 from prrfl.messages import Download
 from prrfl.site.trainer import run_round

@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-
 from conftest import tiny_derm_config, untimed, wait_for
+
 from prrfl.cli import main as prrfl
 from prrfl.deploy import kill_process_tree
 from prrfl.flare.recipe import export_job
@@ -93,8 +93,21 @@ def test_the_same_resumable_command_run_twice_continues_where_the_first_stopped(
     reference = export_job("derm_prr", tmp_path / "plain", cfg=cfg)
     assert finish(simulator(reference, tmp_path / "ref", 2, tmp_path / "cache", tmp_path / "ref.log"), 300) == 0
     # the README's recipe: a job exported with --resume auto, and one simulator command
-    assert prrfl(["jobs", "export", "derm_prr", "--out", str(tmp_path / "jobs"), "--resume", "auto",
-                  *(f"--set={k}={json.dumps(v)}" for k, v in cfg.to_dict().items())]) == 0
+    assert (
+        prrfl(
+            [
+                "jobs",
+                "export",
+                "derm_prr",
+                "--out",
+                str(tmp_path / "jobs"),
+                "--resume",
+                "auto",
+                *(f"--set={k}={json.dumps(v)}" for k, v in cfg.to_dict().items()),
+            ]
+        )
+        == 0
+    )
     job, ws = tmp_path / "jobs" / "derm_prr", tmp_path / "ws"
     state_file = tmp_path / "ws.state/server/derm_prr/server_state.pt"
 

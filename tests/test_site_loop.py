@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import as_numpy, make_runtime, untimed
+
 from prrfl.messages import Download
 from prrfl.site.trainer import run_round
 

@@ -35,6 +35,7 @@ from prrfl.registry import method_class, method_names, validate_config
 from prrfl.sweep import sweep
 from prrfl.tasks.derm import DEFAULT_DATA, DermData, DermTask
 
+
 def refused(values: dict) -> str:
     """The message validate_config refuses `values` with."""
     with pytest.raises(ConfigError) as e:
@@ -118,7 +119,9 @@ def test_min_sites_refuses_other_values(value):
 # ----- task and method names, method options -----------------------------------------------------------------
 def test_task_and_method_names_come_from_the_registry():
     assert refused({"method": "fedavgg"}).endswith("got 'fedavgg' (did you mean 'fedavg'?)")
-    assert refused({"method": "fedavgg"}).startswith("config field 'method' must be one of ['apfl', 'fca', 'fedavg', 'fedbn', 'fedeamc', 'fedfocal', 'fedproto', 'fedprox', 'fml', 'harmofl',")
+    assert refused({"method": "fedavgg"}).startswith(
+        "config field 'method' must be one of ['apfl', 'fca', 'fedavg', 'fedbn', 'fedeamc', 'fedfocal', 'fedproto', 'fedprox', 'fml', 'harmofl',"
+    )
     assert refused({"task": "skin"}) == "config field 'task' must be one of ['derm', 'prostate'], got 'skin'"
 
 
@@ -132,9 +135,7 @@ def test_a_boolean_option_typo_is_refused_with_its_path():
 
 def test_an_unknown_option_lists_the_known_ones_with_a_suggestion():
     message = refused({"method": "prr", "method_args": {"det_enable": False}})
-    assert message.startswith(
-        "unknown method 'prr' option(s) ['det_enable'] in config field 'method_args' (did you mean 'det_enabled'?)"
-    )
+    assert message.startswith("unknown method 'prr' option(s) ['det_enable'] in config field 'method_args' (did you mean 'det_enabled'?)")
     known = sorted(method_class("prr").option_parameters())
     assert message.endswith(f"; expected some of {known}")
     assert refused({"method": "fedprox", "method_args": {"muu": 0.1}}).endswith("expected some of ['mu', 'weighting']")
@@ -231,9 +232,7 @@ def test_data_options_are_checked_with_their_path():
     assert refused({"data": {"heldout_min_per_class": 0}}) == (
         "derm data option 'heldout_min_per_class' must be an integer >= 1, got 0 (config field 'data.heldout_min_per_class')"
     )
-    assert "must be an integer, got 2.5 (config field 'data.heldout_min_per_class')" in refused(
-        {"data": {"heldout_min_per_class": 2.5}}
-    )
+    assert "must be an integer, got 2.5 (config field 'data.heldout_min_per_class')" in refused({"data": {"heldout_min_per_class": 2.5}})
     assert "(did you mean 'image_size'?)" in refused({"data": {"img_size": 32}})
     assert validate_config({"data": {"synthetic_raw_size": [96, 72], "synthetic_scale": 1}}).data["synthetic_scale"] == 1
 
@@ -278,8 +277,7 @@ def one_error_line(err: str) -> str:
         ("lr=abc", "job 'derm_prr': config field 'lr' must be a number, got 'abc'"),
         (
             "method_args.det_enabled=flase",
-            "job 'derm_prr': method 'prr' option 'det_enabled' must be true or false, got 'flase' "
-            "(config field 'method_args.det_enabled')",
+            "job 'derm_prr': method 'prr' option 'det_enabled' must be true or false, got 'flase' (config field 'method_args.det_enabled')",
         ),
         ("lr", "--set expects KEY=VALUE, got 'lr'"),
         ("lr.x=1", "--set lr.x=1: config field 'lr' holds no fields"),

@@ -50,8 +50,18 @@ def _jobs_export(args: argparse.Namespace) -> int:
     names = args.names or sorted(JOBS)
     configs = {name: validated(name, apply_overrides(job_config(name).to_dict(), args.set)) for name in names}
     for name, cfg in configs.items():
-        print(export_job(name, args.out, cfg=cfg, bundle=args.bundle, privacy=args.privacy, resume=RESUME[args.resume],
-                               tracking=args.tracking, tracking_uri=args.tracking_uri))
+        print(
+            export_job(
+                name,
+                args.out,
+                cfg=cfg,
+                bundle=args.bundle,
+                privacy=args.privacy,
+                resume=RESUME[args.resume],
+                tracking=args.tracking,
+                tracking_uri=args.tracking_uri,
+            )
+        )
     return 0
 
 
@@ -138,8 +148,10 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     result = evaluate_saved_model(args.model, args.data_root, args.cohort, args.split, args.device)
     values = ", ".join(f"{k} {v:.2f}" for k, v in result["metrics"].items())
-    print(f"{result['model']} ({result['method']}, trained at {result['trained_at']}) on {result['cohort']} {result['split']} "
-          f"({result['samples']} samples): {values}")
+    print(
+        f"{result['model']} ({result['method']}, trained at {result['trained_at']}) on {result['cohort']} {result['split']} "
+        f"({result['samples']} samples): {values}"
+    )
     if args.json:
         print(json.dumps(result, indent=2))
     return 0
@@ -181,8 +193,14 @@ def _run(args: argparse.Namespace) -> int:
     name, cfg = recipe_config(args.job, args.task, args.method, None, apply_overrides({}, args.set))
     sites = args.sites or len(task_class(cfg.task).site_names)
     recipe = PersonalizedRecipe(  # FLARE starts the job once all the sites are connected
-        name, config=cfg, min_clients=sites, privacy=args.privacy, resume=RESUME[args.resume], tracking=args.tracking,
-        tracking_uri=args.tracking_uri, bundle=args.bundle,
+        name,
+        config=cfg,
+        min_clients=sites,
+        privacy=args.privacy,
+        resume=RESUME[args.resume],
+        tracking=args.tracking,
+        tracking_uri=args.tracking_uri,
+        bundle=args.bundle,
     )
     env = environment(args.env, sites, args.workspace, args.threads, args.gpu, args.startup_kit, args.username)
     status, result, results = run_recipe(recipe, env, args.timeout)
@@ -205,19 +223,29 @@ def _parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", help="FLARE job folders").add_subparsers(dest="action", required=True)
     # what a job is built with, for `jobs export` and `run` alike
     job_options = argparse.ArgumentParser(add_help=False)
-    job_options.add_argument("--bundle", action="store_true", help="copy the prrfl package into each job's custom/ (sites without it installed)")
+    job_options.add_argument(
+        "--bundle", action="store_true", help="copy the prrfl package into each job's custom/ (sites without it installed)"
+    )
     job_options.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     job_options.add_argument("--privacy", choices=["percentile", "svt"], help="add this FLARE privacy filter to the sites' uploads")
     job_options.add_argument(
-        "--resume", nargs="?", const="true", default="false", choices=sorted(RESUME),
+        "--resume",
+        nargs="?",
+        const="true",
+        default="false",
+        choices=sorted(RESUME),
         help="the workflow's resume mode: true (continue the saved run, refuse to start without one), auto (continue "
         "it when there is one, else start a new run: a command to re-run after an interruption), false (default: new run)",
     )
     job_options.add_argument(
-        "--tracking", choices=["tensorboard", "mlflow"], default="tensorboard",
+        "--tracking",
+        choices=["tensorboard", "mlflow"],
+        default="tensorboard",
         help="where the server writes the sites' and the federation's scalars (default: TensorBoard event files)",
     )
-    job_options.add_argument("--tracking-uri", help="with --tracking mlflow: the MLflow tracking URI (default: SQLite in the job's result folder)")
+    job_options.add_argument(
+        "--tracking-uri", help="with --tracking mlflow: the MLflow tracking URI (default: SQLite in the job's result folder)"
+    )
     export = jobs.add_parser("export", parents=[common, job_options], help="write the job folders from the code")
     export.add_argument("names", nargs="*", help="jobs to export (default: all)")
     export.add_argument("--out", default="jobs")
@@ -234,7 +262,9 @@ def _parser() -> argparse.ArgumentParser:
     results = sub.add_parser("results", parents=[common], help="per-site table (the task's two main test metrics) of finished runs")
     results.add_argument("workspaces", nargs="+")
     results.set_defaults(func=_results)
-    report = sub.add_parser("report", parents=[common], help="per-site tables (Table II / III, Table X), retrogress and per-epoch curves of finished runs")
+    report = sub.add_parser(
+        "report", parents=[common], help="per-site tables (Table II / III, Table X), retrogress and per-epoch curves of finished runs"
+    )
     report.add_argument("workspaces", nargs="+", help="folders searched for <site>/prrfl/<run>/results.json")
     report.add_argument("--out", default="report", help="folder for report.md, the CSV files and the PNGs")
     report.add_argument("--methods", help="comma-separated methods to report, in this order (default: all found)")
@@ -243,7 +273,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--task", help="the task to report when the workspaces hold runs of several")
     report.set_defaults(func=_report)
     crosseval = sub.add_parser(
-        "crosseval", parents=[common], help="FCA's generalization/specialization protocol and the cross-site matrix of finished simulator runs"
+        "crosseval",
+        parents=[common],
+        help="FCA's generalization/specialization protocol and the cross-site matrix of finished simulator runs",
     )
     crosseval.add_argument("workspaces", nargs="+", help="simulator workspaces; writes <workspace>/prrfl/<run>/crosseval.json")
     crosseval.add_argument("--device", default="cpu", help="torch device of the evaluation (default: cpu)")
@@ -257,13 +289,18 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="print the whole result as JSON too")
     evaluate.set_defaults(func=_evaluate)
     predict = sub.add_parser(
-        "predict", parents=[common],
+        "predict",
+        parents=[common],
         help="a saved best model on new inputs, preprocessed as its card says: derm images -> a CSV of class "
         "probabilities; prostate NIfTI volumes -> a <stem>_mask.nii.gz per volume on the input's grid, and summary.csv",
     )
     predict.add_argument("--model", required=True, help="a best_<role>.pt, its model card best_<role>.json beside it")
-    predict.add_argument("--input", required=True, help="derm: a JPEG/PNG image or a folder of them; prostate: a NIfTI volume or a folder of them")
-    predict.add_argument("--out", required=True, help="derm: the CSV file to write; prostate: the folder to write (new, empty or a previous output)")
+    predict.add_argument(
+        "--input", required=True, help="derm: a JPEG/PNG image or a folder of them; prostate: a NIfTI volume or a folder of them"
+    )
+    predict.add_argument(
+        "--out", required=True, help="derm: the CSV file to write; prostate: the folder to write (new, empty or a previous output)"
+    )
     predict.add_argument("--device", default="cpu")
     predict.add_argument("--batch-size", type=_positive, help="images or slices per forward pass (default: the task's evaluation chunk)")
     predict.set_defaults(func=_predict)
@@ -276,14 +313,19 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run")
     sweep.set_defaults(func=_sweep)
     run = sub.add_parser(
-        "run", parents=[common, job_options],
+        "run",
+        parents=[common, job_options],
         help="build a job's FLARE recipe and run it on the simulator (SimEnv), a local POC (PocEnv) or a deployment (ProdEnv)",
     )
     run.add_argument("job", nargs="?", help="a job of `prrfl jobs export` (default: <task>_<method>, i.e. derm_prr)")
     run.add_argument("--task", help="with --method: the job <task>_<method> (default derm)")
     run.add_argument("--method", help="with --task: the job <task>_<method> (default prr)")
     run.add_argument("--env", choices=["sim", "poc", "prod"], default="sim", help="where the job runs (default: sim)")
-    run.add_argument("--sites", type=_positive, help="sim, poc: the sites site-1..site-N to start; prod: the sites that must be connected before the job starts (default: the task's number of sites)")
+    run.add_argument(
+        "--sites",
+        type=_positive,
+        help="sim, poc: the sites site-1..site-N to start; prod: the sites that must be connected before the job starts (default: the task's number of sites)",
+    )
     run.add_argument("--workspace", default="workspace", help="sim: the simulator runs in <workspace>/<job> (default: workspace)")
     run.add_argument("--threads", type=_positive, help="sim: sites run at once (default: all)")
     run.add_argument("--gpu", help="sim: GPU of each site, e.g. 0,0,0,0; poc: GPU ids, e.g. 0,1")
@@ -292,7 +334,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=0.0, help="poc, prod: seconds to follow the job (default: until it ends)")
     run.set_defaults(func=_run)
     deploy = sub.add_parser("deploy", help="run a job on a provisioned FLARE deployment").add_subparsers(dest="action", required=True)
-    poc = deploy.add_parser("poc", parents=[common], help="provision, start server + sites on localhost (mTLS), submit, follow, download, stop")
+    poc = deploy.add_parser(
+        "poc", parents=[common], help="provision, start server + sites on localhost (mTLS), submit, follow, download, stop"
+    )
     poc.add_argument("--job", required=True, help="exported job folder, e.g. jobs/derm_prr")
     poc.add_argument("--sites", type=int, default=4, help="hospitals of workspace_templates/poc/project.yml to start")
     poc.add_argument("--workdir", help="folder for the kits, logs and results (default: a new temporary folder, kept)")

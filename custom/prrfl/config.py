@@ -159,7 +159,7 @@ def with_settings(values: Mapping[str, Any], settings: Mapping[str, Any]) -> dic
     return values
 
 
-MinSites = Union[int, Literal["all", "majority"]]
+MinSites = int | Literal["all", "majority"]
 _FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -198,9 +198,7 @@ class RunConfig:
             self._require(name, getattr(self, name) > 0, "> 0")
         for name in ("momentum", "weight_decay"):  # torch's SGD refuses negative ones, but only at the site
             self._require(name, getattr(self, name) >= 0, ">= 0")
-        self._require(
-            "select_from_round", 0 <= self.select_from_round < self.num_rounds, f"in [0, num_rounds={self.num_rounds})"
-        )
+        self._require("select_from_round", 0 <= self.select_from_round < self.num_rounds, f"in [0, num_rounds={self.num_rounds})")
         self._require("update_norm_ratio", self.update_norm_ratio is None or self.update_norm_ratio > 1, "> 1 or null (off)")
         positive = isinstance(self.min_sites, str) or self.min_sites >= 1
         self._require("min_sites", positive, "a positive integer, 'all' or 'majority'")
@@ -213,7 +211,7 @@ class RunConfig:
             raise config_error(f"config field '{name}'", expected, getattr(self, name))
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, values: dict[str, Any]) -> RunConfig:
         if not isinstance(values, dict):
             raise config_error("a run configuration", "a dict of config fields", values)
         known = {f.name for f in dataclasses.fields(cls)}
@@ -247,4 +245,3 @@ class RunConfig:
 def _field_types() -> dict[str, Any]:
     """RunConfig's field annotations, evaluated (they are strings under `from __future__ import annotations`)."""
     return typing.get_type_hints(RunConfig)
-

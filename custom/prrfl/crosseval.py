@@ -138,6 +138,7 @@ def write_crosseval(workspace: str | Path, device: str | torch.device = "cpu") -
 
 def summary_line(result: dict[str, Any]) -> str:
     """One line for logs: 'generalization (global) bacc 51.2 auc 70.3; specialization bacc 60.1 auc 75.0' (the task's order)."""
+
     def values(part: dict[str, Any]) -> str:
         return " ".join(f"{k} {part['values'][k]:.1f}" for k in result["metrics"])
 
@@ -148,4 +149,3 @@ def summary_line(result: dict[str, Any]) -> str:
 def _loaded(model: torch.nn.Module, path: Path, device: torch.device) -> torch.nn.Module:
     model.load_state_dict(load_torch(path, map_location=device))
     return model.to(device).eval()
-

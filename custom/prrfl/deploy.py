@@ -20,9 +20,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 import yaml
@@ -90,7 +91,10 @@ def provision(project: dict[str, Any], out: Path) -> Kits:
     nvflare = Path(sys.executable).parent / "nvflare"
     proc = subprocess.run(
         [str(nvflare), "provision", "-p", str(project_file), "-w", str(out / "provision")],
-        cwd=out, capture_output=True, text=True, timeout=300,
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if proc.returncode != 0:
         raise DeployError(f"nvflare provision failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -121,14 +125,39 @@ def write_site_config(kit: Path, site: str, data_root: str | None, device: str |
 def server_command(kits: Kits) -> list[str]:
     """What the kit's sub_start.sh runs, with this interpreter (POC processes share our venv)."""
     ws = kits.kit(kits.server)
-    return [sys.executable, "-u", "-m", "nvflare.private.fed.app.server.server_train", "-m", str(ws), "-s",
-            "fed_server.json", "--set", "secure_train=true", f"org={kits.orgs[kits.server]}", "config_folder=config"]
+    return [
+        sys.executable,
+        "-u",
+        "-m",
+        "nvflare.private.fed.app.server.server_train",
+        "-m",
+        str(ws),
+        "-s",
+        "fed_server.json",
+        "--set",
+        "secure_train=true",
+        f"org={kits.orgs[kits.server]}",
+        "config_folder=config",
+    ]
 
 
 def client_command(kits: Kits, site: str) -> list[str]:
     ws = kits.kit(site)
-    return [sys.executable, "-u", "-m", "nvflare.private.fed.app.client.client_train", "-m", str(ws), "-s",
-            "fed_client.json", "--set", "secure_train=true", f"uid={site}", f"org={kits.orgs[site]}", "config_folder=config"]
+    return [
+        sys.executable,
+        "-u",
+        "-m",
+        "nvflare.private.fed.app.client.client_train",
+        "-m",
+        str(ws),
+        "-s",
+        "fed_client.json",
+        "--set",
+        "secure_train=true",
+        f"uid={site}",
+        f"org={kits.orgs[site]}",
+        "config_folder=config",
+    ]
 
 
 def kill_process_tree(pid: int, grace: float = 5.0) -> None:
@@ -353,8 +382,12 @@ class Deployment:
 
 @contextlib.contextmanager
 def poc_deployment(
-    out: Path, num_sites: int, data_root: str | None = None, device: str | None = None,
-    template: Path = POC_TEMPLATE, env: dict[str, str] | None = None,
+    out: Path,
+    num_sites: int,
+    data_root: str | None = None,
+    device: str | None = None,
+    template: Path = POC_TEMPLATE,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Deployment]:
     """Provision into out, start everything, yield; stop everything on exit, however it happens."""
     kits = provision(make_project(template, num_sites, free_port(), free_port()), out)

@@ -232,8 +232,9 @@ def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -
             nib.save(_mask_image(mask, volume.source, len(names)), folder / f"{stem}{MASK_SUFFIX}")
             voxel_ml = abs(float(np.linalg.det(volume.source.affine[:3, :3]))) / 1000.0
             counts = [int((mask == c).sum()) for c in range(1, len(names))]
-            rows.append([path.name, f"{stem}{MASK_SUFFIX}", "x".join(map(str, mask.shape)), *counts,
-                         *(f"{n * voxel_ml:.3f}" for n in counts)])
+            rows.append(
+                [path.name, f"{stem}{MASK_SUFFIX}", "x".join(map(str, mask.shape)), *counts, *(f"{n * voxel_ml:.3f}" for n in counts)]
+            )
         header = ["file", "mask", "shape", *(f"voxels_{n}" for n in names[1:]), *(f"ml_{n}" for n in names[1:])]
         (folder / SUMMARY).write_text(_csv_text(header, rows))
 

@@ -23,9 +23,10 @@ import logging
 import math
 import warnings
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -124,7 +125,7 @@ class SiteResult:
     history: list[dict[str, Any]]
 
     @classmethod
-    def load(cls, path: Path) -> "SiteResult | None":
+    def load(cls, path: Path) -> SiteResult | None:
         """None for the server's run summary, which lives in the same folder layout."""
         data = load_json(path)
         if "site" not in data:
@@ -143,9 +144,7 @@ class SiteResult:
         return {split: metrics for split, metrics in found.items() if metrics}
 
 
-def find_results(
-    workspaces: Iterable[str | Path], methods: Sequence[str] | None = None, task: str | None = None
-) -> list[SiteResult]:
+def find_results(workspaces: Iterable[str | Path], methods: Sequence[str] | None = None, task: str | None = None) -> list[SiteResult]:
     """Every site results file under the workspaces (of the given methods and task only, if any).
 
     A file reached through two overlapping workspaces counts once. Two runs of one method with the
@@ -486,7 +485,9 @@ def plot_retrogress(summary: dict[str, tuple[float, float, int]], path: Path, re
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel(f"method (green: the reference, {reference})")
     ax.set_ylabel(f"test {label(metric)} drop (points)")
-    ax.set_title(f"Retrogress: test {label(metric)} lost right after a communication round\n(mean ± std over sites, rounds and seeds)", fontsize=11)
+    ax.set_title(
+        f"Retrogress: test {label(metric)} lost right after a communication round\n(mean ± std over sites, rounds and seeds)", fontsize=11
+    )
     ax.grid(axis="y", alpha=0.3)
     ax.margins(y=0.15)
     low, high = ax.get_ylim()
@@ -543,9 +544,9 @@ def protocol_table(protocols: Sequence[dict[str, Any]], methods: Sequence[str], 
             cells += [mean_std([p[part]["values"][m] for p in runs]) for m in metrics]
         body.append(cells)
     note = (
-        f"FCA's protocol, in percent. Spec: each site's model at its best validation round on its own test split, "
-        f"mean over the sites. Gen: the test splits of all sites pooled, scored by the method's global model after "
-        f"the last round when it has one, else by each site's model (mean over the sites). "
+        "FCA's protocol, in percent. Spec: each site's model at its best validation round on its own test split, "
+        "mean over the sites. Gen: the test splits of all sites pooled, scored by the method's global model after "
+        "the last round when it has one, else by each site's model (mean over the sites). "
         + ("bAUC: the mean one-vs-rest AUC over the classes present (Table II's AUC). " if "auc" in metrics else "")
         + "With several seeds: mean ± sample std over seeds. The cross-site matrices are in each run's crosseval.json."
     )
@@ -628,7 +629,12 @@ def build_report(
 
 
 def _figures(
-    results: Sequence[SiteResult], curves: Sequence[str], summary: dict[str, tuple[float, float, int]], out: Path, reference: str, metric: str
+    results: Sequence[SiteResult],
+    curves: Sequence[str],
+    summary: dict[str, tuple[float, float, int]],
+    out: Path,
+    reference: str,
+    metric: str,
 ) -> list[Path]:
     colours = site_colours({r.cohort for r in results})
     figures = []

@@ -31,9 +31,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from prrfl.cli import apply_overrides, validated
 from prrfl.config import RunConfig
@@ -80,9 +80,7 @@ def run_config(method: str, seed: int, overrides: Sequence[str] = (), task: str 
     return validated(job, values)
 
 
-def prepare(
-    methods: Sequence[str], seeds: Sequence[int], root: Path, overrides: Sequence[str] = (), task: str = "derm"
-) -> list[SweepRun]:
+def prepare(methods: Sequence[str], seeds: Sequence[int], root: Path, overrides: Sequence[str] = (), task: str = "derm") -> list[SweepRun]:
     """Export every run's job folder; nothing runs yet. Every config is checked before the first
     folder is written, so a bad override leaves nothing behind."""
     configs = [(method, seed, run_config(method, seed, overrides, task)) for method in methods for seed in seeds]

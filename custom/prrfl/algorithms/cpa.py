@@ -106,8 +106,7 @@ def prototype_gamma(
     """
     if local_protos.shape != global_protos.shape or local_protos.ndim != 2:
         raise ValueError(
-            f"need local and global prototypes of the same [C, D] shape, got "
-            f"{tuple(local_protos.shape)} and {tuple(global_protos.shape)}"
+            f"need local and global prototypes of the same [C, D] shape, got {tuple(local_protos.shape)} and {tuple(global_protos.shape)}"
         )
     if not tau > 0:
         raise ValueError(f"tau must be positive, got {tau}")

@@ -47,9 +47,7 @@ _BATCHNORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatch
 
 
 # ----- schedule ------------------------------------------------------------------------------
-def pfa_threshold(
-    round_idx: int, num_rounds: int, r0: float = 0.35, r1: float = 0.48, schedule: Schedule = "paper"
-) -> float:
+def pfa_threshold(round_idx: int, num_rounds: int, r0: float = 0.35, r1: float = 0.48, schedule: Schedule = "paper") -> float:
     """Box half-width r for round `round_idx` (0-based) of `num_rounds`.
 
     paper:   linear from r0 at the first round to r1 at the last one (r0 when there is one round).
@@ -281,8 +279,7 @@ def _check_states(site_states: Sequence[StateDict]) -> list[str]:
         for key in keys:
             if state[key].shape != site_states[0][key].shape:
                 raise ValueError(
-                    f"{key}: shape {tuple(state[key].shape)} at site {k} "
-                    f"differs from {tuple(site_states[0][key].shape)} at site 0"
+                    f"{key}: shape {tuple(state[key].shape)} at site {k} differs from {tuple(site_states[0][key].shape)} at site 0"
                 )
     return keys
 

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
-
 Draw = Callable[..., torch.Tensor]  # draw(*shape): uniform [0, 1) numbers from the augmentation's generator
 
 
@@ -71,9 +70,7 @@ class DermAugment:
         return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
-def random_affine_grid(
-    shape: torch.Size, draw: Draw, rotate_deg: float, scale: float, shift: float, p: float
-) -> torch.Tensor:
+def random_affine_grid(shape: torch.Size, draw: Draw, rotate_deg: float, scale: float, shift: float, p: float) -> torch.Tensor:
     """A sampling grid of one shift-scale-rotate per sample (applied with probability p), for
     `F.grid_sample`: rotation in [-rotate_deg, rotate_deg], zoom 1 +- scale, shift +- shift of the side."""
     b = shape[0]

@@ -39,9 +39,7 @@ def run_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace]
     Exit status and error format: prrfl.errors.EXIT_STATUS (the --help epilog).
     """
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return run_command(lambda: run(args), args.traceback)
 
 

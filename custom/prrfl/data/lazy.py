@@ -13,9 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_exports(
-    package: str, exports: dict[str, str]
-) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(package: str, exports: dict[str, str]) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
     """(`__all__`, `__getattr__`, `__dir__`) for `package`, whose names live in the submodules `exports` gives."""
     names = sorted(exports)
 

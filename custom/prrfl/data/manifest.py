@@ -33,9 +33,7 @@ class PreparedManifest:
     def load(cls: type[M], root: str | Path) -> M:
         path = Path(root) / MANIFEST_NAME
         if not path.is_file():
-            raise FileNotFoundError(
-                f"no {MANIFEST_NAME} in {root}: not a prepared {cls.KIND} folder (or preparation did not finish)"
-            )
+            raise FileNotFoundError(f"no {MANIFEST_NAME} in {root}: not a prepared {cls.KIND} folder (or preparation did not finish)")
         try:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:

@@ -46,6 +46,7 @@ PROSTATE_PAPER: dict[str, Any] = {
     "data": {"image_size": 256, "model_width": 64, "synthetic_scale": 1.0, "synthetic_matrix_scale": 1.0},
 }
 
+
 # <task>_<method>: every registered method that applies to the task (the TMI paper's competitors) on
 # the same pipeline, with the options its class docstring states as defaults.
 def _method_jobs(task: str, settings: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -63,7 +63,10 @@ PRIVACY_FILTERS = {
 
 
 def recipe_config(
-    job: str | None, task: str | None, method: str | None, config: RunConfig | Mapping[str, Any] | None,
+    job: str | None,
+    task: str | None,
+    method: str | None,
+    config: RunConfig | Mapping[str, Any] | None,
     overrides: Mapping[str, Any] | None,
 ) -> tuple[str, RunConfig]:
     """(job name, validated config) of a recipe. A job from the table (`job`, or `<task>_<method>`),
@@ -133,12 +136,14 @@ class PersonalizedRecipe(Recipe):
         fed.to_server(receiver(tracking, tracking_uri, experiment=self.config.run_name), id="receiver")
         # ScriptRunner's executor, with the script shipped as a file source: ScriptRunner itself wants the
         # script under the current directory, and a recipe must build from anywhere
-        fed.to_clients(ClientAPIExecutor(
-            execution_mode="in_process",
-            task_script_path=SITE_SCRIPT.name,
-            params_exchange_format=ExchangeFormat.PYTORCH,
-            server_expected_format=ExchangeFormat.PYTORCH,
-        ))
+        fed.to_clients(
+            ClientAPIExecutor(
+                execution_mode="in_process",
+                task_script_path=SITE_SCRIPT.name,
+                params_exchange_format=ExchangeFormat.PYTORCH,
+                server_expected_format=ExchangeFormat.PYTORCH,
+            )
+        )
         fed.to_clients(FileSource(str(SITE_SCRIPT)))
         fed.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTIC_EVENT_TYPE]), id="event_to_fed")
         if bundle:
@@ -185,8 +190,14 @@ def export_job(
     """The job `name` (with the config cfg, default the table's) exported as <out_root>/<name>/ by its
     recipe (PersonalizedRecipe); the arguments are the recipe's."""
     recipe = PersonalizedRecipe(
-        name, config=cfg, min_clients=min_clients, bundle=bundle, privacy=privacy, resume=resume,
-        tracking=tracking, tracking_uri=tracking_uri,
+        name,
+        config=cfg,
+        min_clients=min_clients,
+        bundle=bundle,
+        privacy=privacy,
+        resume=resume,
+        tracking=tracking,
+        tracking_uri=tracking_uri,
     )
     return recipe.export_folder(out_root)
 

@@ -58,7 +58,7 @@ class SiteConfig:
     eval_batch_size: int | None = None
 
     @classmethod
-    def load(cls, site: str, argv: list[str] | None = None, workspace: Path = Path(".")) -> tuple["SiteConfig", SettingsReport]:
+    def load(cls, site: str, argv: list[str] | None = None, workspace: Path = Path(".")) -> tuple[SiteConfig, SettingsReport]:
         """The settings of `site`; raises ValueError naming the file for bad JSON, an unknown field or a
         value of the wrong type."""
         parser = argparse.ArgumentParser(description="prrfl site")

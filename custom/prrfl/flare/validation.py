@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from prrfl.tasks.base import Task
 
 
-def upload_problem(upload: Upload, reference: dict[str, torch.Tensor], task: "Task") -> str | None:
+def upload_problem(upload: Upload, reference: dict[str, torch.Tensor], task: Task) -> str | None:
     """None when the upload is usable, else a one-line reason."""
     keys, expected = set(upload.params), set(reference)
     if keys != expected:

@@ -193,13 +193,15 @@ class PersonalizedWorkflow(ModelController):
             downloads = method.aggregate(uploads, round_idx, state["method_memory"])
             state["downloads"].update(downloads)
             state["summaries"].update(summaries)
-            state["history"].append({
-                "round": round_idx,
-                "sites": [u.site for u in uploads],
-                "summaries": summaries,
-                "seconds": {s: answers.seconds[s] for s in summaries},
-                "missing": answers.missing,
-            })
+            state["history"].append(
+                {
+                    "round": round_idx,
+                    "sites": [u.site for u in uploads],
+                    "summaries": summaries,
+                    "seconds": {s: answers.seconds[s] for s in summaries},
+                    "missing": answers.missing,
+                }
+            )
             state["next_round"] = round_idx + 1
             self._save_state(state, state_dir)
             if self.memory_gc_rounds and (round_idx + 1) % self.memory_gc_rounds == 0:
@@ -256,7 +258,7 @@ class PersonalizedWorkflow(ModelController):
             if self.resume is True:
                 raise FileNotFoundError(
                     f"resume=true but there is no saved state of run '{self.cfg.run_name}' in {state_dir}: nothing to "
-                    "resume (set resume to \"auto\" to start a new run when there is none, or state_dir to where it is)"
+                    'resume (set resume to "auto" to start a new run when there is none, or state_dir to where it is)'
                 )
             self.warning(f"resume=auto: no saved state of run '{self.cfg.run_name}' in {state_dir}; starting a new run")
             return None

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from prrfl.site.state import SiteRuntime
     from prrfl.tasks.base import Task
 
+
 class Method:
     """Base class: one local model trained with the task's supervised loss, uploaded whole."""
 
@@ -35,14 +36,14 @@ class Method:
     eval_role: str = "local"  # the model a site reports and selects on validation
     upload_role: str = "local"
 
-    def __init__(self, cfg: "RunConfig", task: "Task", **options: Any):
+    def __init__(self, cfg: RunConfig, task: Task, **options: Any):
         self.cfg = cfg
         self.task = task
         if options:
             raise ValueError(f"method '{self.name}' got unknown option(s) {sorted(options)}")
 
     @classmethod
-    def unsupported_reason(cls, task: "Task") -> str | None:
+    def unsupported_reason(cls, task: Task) -> str | None:
         """Why this method cannot run on `task`, or None when it can. Checked when a job is built
         (`registry.build_method`), so a job that cannot work is refused before any site trains."""
         return None
@@ -128,15 +129,15 @@ class Method:
         return {}
 
     # ----- site side -----------------------------------------------------------------------
-    def on_download(self, site: "SiteRuntime", download: Download, first: bool) -> None:
+    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
         """Load the download into the site's models. `first`: the initial model of the run."""
         for role in self.roles:
             site.models[role].load_state_dict(download.params, strict=first)
 
-    def before_epoch(self, site: "SiteRuntime", epoch: int) -> None:
+    def before_epoch(self, site: SiteRuntime, epoch: int) -> None:
         pass
 
-    def train_batch(self, site: "SiteRuntime", inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+    def train_batch(self, site: SiteRuntime, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         """One optimisation step on a batch; returns each trained model's loss. Default: forward every
         role, sum `losses`, one backward, step every optimiser, then `after_batch`. Methods whose step
         is not one gradient step of a summed loss (meta-learning, inner solvers) override this."""
@@ -152,23 +153,23 @@ class Method:
         self.after_batch(site, targets, outputs)
         return {role: float(loss.detach()) for role, loss in losses.items()}
 
-    def supervised_loss(self, site: "SiteRuntime", logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def supervised_loss(self, site: SiteRuntime, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The task's loss; an imbalance method passes its own classification term into it."""
         return self.task.loss(logits, targets)
 
     def losses(
-        self, site: "SiteRuntime", targets: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+        self, site: SiteRuntime, targets: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
     ) -> dict[str, torch.Tensor]:
         """outputs: role -> (logits, embedding). Returns one loss per trained role."""
         return {role: self.supervised_loss(site, out[0], targets) for role, out in outputs.items()}
 
-    def after_batch(self, site: "SiteRuntime", targets: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def after_batch(self, site: SiteRuntime, targets: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         pass
 
-    def after_epoch(self, site: "SiteRuntime", epoch: int) -> None:
+    def after_epoch(self, site: SiteRuntime, epoch: int) -> None:
         pass
 
-    def upload(self, site: "SiteRuntime") -> Upload:
+    def upload(self, site: SiteRuntime) -> Upload:
         model = site.models[self.upload_role]
         state = model.state_dict()
         params = {k: state[k].detach().cpu() for k in self.shared_keys(model)}
@@ -180,10 +181,10 @@ class Method:
             meta=self.upload_meta(site),
         )
 
-    def upload_meta(self, site: "SiteRuntime") -> dict[str, Any]:
+    def upload_meta(self, site: SiteRuntime) -> dict[str, Any]:
         return {}
 
 
-def check_finite(site: "SiteRuntime", loss: torch.Tensor) -> None:
+def check_finite(site: SiteRuntime, loss: torch.Tensor) -> None:
     if not torch.isfinite(loss):
         raise FloatingPointError(f"site {site.name}: non-finite training loss {float(loss)} (lower the learning rate?)")

@@ -106,7 +106,7 @@ class FCA(FedAvg):
         self.consistency, self.bn_statistics, self.optimizer = consistency, bn_statistics, optimizer
 
     @classmethod
-    def unsupported_reason(cls, task: "Task") -> str | None:
+    def unsupported_reason(cls, task: Task) -> str | None:
         if not isinstance(task, ClassificationTask):
             return "FCA's balanced softmax and classifier anchoring are defined for one class per image (classification tasks)"
         return None
@@ -139,7 +139,7 @@ class FCA(FedAvg):
             keys |= batchnorm_statistics_keys(model)
         return keys
 
-    def losses(self, site: "SiteRuntime", targets, outputs):
+    def losses(self, site: SiteRuntime, targets, outputs):
         personal, embedding = outputs["local"]
         federated = site.models["local"].federated(embedding)
         counts = torch.tensor(site.data.class_counts)

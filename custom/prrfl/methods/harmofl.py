@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, ContextManager, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -47,9 +47,7 @@ class AmplitudeNormalization(nn.Module):
     average absolute mean. The other entries average the amplitude as in scope "full" (unused there).
     """
 
-    def __init__(
-        self, channels: int, size: tuple[int, int], *, scope: AmpScope = "full", update: AmpUpdate = "ema", momentum: float = 0.1
-    ):
+    def __init__(self, channels: int, size: tuple[int, int], *, scope: AmpScope = "full", update: AmpUpdate = "ema", momentum: float = 0.1):
         super().__init__()
         if scope not in AMP_SCOPES or update not in AMP_UPDATES or not 0 < momentum <= 1:
             raise ValueError(f"amplitude normalization needs scope in {AMP_SCOPES}, update in {AMP_UPDATES}, 0 < momentum <= 1")
@@ -115,7 +113,7 @@ class HarmoFLModel(nn.Module):
         return self.base(self.norm(x))
 
 
-def image_size_of(task: "Task") -> int | None:
+def image_size_of(task: Task) -> int | None:
     """The side of the task's (square) input images: its data option image_size, else its attribute."""
     size = task.data_cfg.get("image_size", getattr(task, "image_size", None))
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
@@ -132,7 +130,7 @@ def input_channels(model: nn.Module) -> int:
 def plain_batchnorm(model: nn.Module) -> nn.Module:
     """Replace, in place, every BatchNorm layer by one of the same type, num_features, eps and momentum
     with affine=False and track_running_stats=False (batch statistics in training and evaluation)."""
-    for name, layer in list(model.named_modules()):
+    for layer in list(model.modules()):
         for child_name, child in list(layer.named_children()):
             if isinstance(child, _BatchNorm):
                 kind = nn.BatchNorm2d if isinstance(child, nn.SyncBatchNorm) else type(child)
@@ -167,7 +165,7 @@ def perturbed_step(
     optimizer: torch.optim.Optimizer,
     alpha: float,
     check: Callable[[torch.Tensor], None] = lambda loss: None,
-    second_pass: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+    second_pass: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> torch.Tensor:
     """One weight-perturbed step: g = grad loss(theta); delta = alpha * g / (||g|| + 1e-12), ||g|| the
     L2 norm over every parameter with a gradient; the optimiser steps theta with the gradient of
@@ -253,7 +251,7 @@ class HarmoFL(FedAvg):
         self.bn_plain = bn_plain
 
     @classmethod
-    def unsupported_reason(cls, task: "Task") -> str | None:
+    def unsupported_reason(cls, task: Task) -> str | None:
         if image_size_of(task) is None:
             return "HarmoFL's amplitude normalization needs the task's input image size (data option or attribute image_size)"
         return None
@@ -270,7 +268,7 @@ class HarmoFL(FedAvg):
         )
         return HarmoFLModel(norm, base)
 
-    def on_download(self, site: "SiteRuntime", download: Download, first: bool) -> None:
+    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
         """Load the average; from round 1 on the (averaged) amplitude stays frozen."""
         super().on_download(site, download, first)
         round_idx = download.meta.get("round", site.round_idx + 1)

@@ -45,7 +45,7 @@ def first_order_meta_step(
     return loss.detach()
 
 
-def random_batch(site: "SiteRuntime", size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def random_batch(site: SiteRuntime, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`size` training samples drawn with replacement, augmented like the loop's batches."""
     train = site.data.train
     idx = torch.randint(len(train), (size,), generator=site.generator).to(train.targets.device)

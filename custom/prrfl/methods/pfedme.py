@@ -60,9 +60,7 @@ class PFedMe(FedAvg):
     upload_role = "shared"
     download_roles = ("shared", "personal")
 
-    def __init__(
-        self, cfg, task, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: float = 0.01, beta: float = 1.0, **options: Any
-    ):
+    def __init__(self, cfg, task, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: float = 0.01, beta: float = 1.0, **options: Any):
         super().__init__(cfg, task, **options)
         if not (lam >= 0 and inner_steps >= 1 and personal_lr > 0 and beta > 0):
             raise ValueError("pFedMe options need lam >= 0, inner_steps >= 1, personal_lr > 0 and beta > 0")

@@ -108,9 +108,7 @@ class DeepLabV2ResNet18(nn.Module):
         self.layer2 = self._make_layer(2 * width, 2, stride=2)
         self.layer3 = self._make_layer(4 * width, 2, stride=s3, dilation=d3)
         self.layer4 = self._make_layer(8 * width, 2, stride=s4, dilation=d4)
-        self.aspp = nn.ModuleList(
-            nn.Conv2d(self.feature_dim, num_classes, 3, padding=r, dilation=r, bias=True) for r in rates
-        )
+        self.aspp = nn.ModuleList(nn.Conv2d(self.feature_dim, num_classes, 3, padding=r, dilation=r, bias=True) for r in rates)
         self._init_weights()
 
     @property
@@ -121,9 +119,7 @@ class DeepLabV2ResNet18(nn.Module):
     def _make_layer(self, planes: int, blocks: int, stride: int = 1, dilation: int = 1) -> nn.Sequential:
         downsample = None
         if stride != 1 or self.inplanes != planes:
-            downsample = nn.Sequential(
-                nn.Conv2d(self.inplanes, planes, kernel_size=1, stride=stride, bias=False), nn.BatchNorm2d(planes)
-            )
+            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes, kernel_size=1, stride=stride, bias=False), nn.BatchNorm2d(planes))
         layers = [BasicBlock(self.inplanes, planes, stride, dilation, downsample)]
         self.inplanes = planes
         layers += [BasicBlock(planes, planes, dilation=dilation) for _ in range(1, blocks)]

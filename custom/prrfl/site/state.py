@@ -16,10 +16,11 @@ listed in its results as missed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,7 +50,7 @@ class SiteRuntime:
     name: str
     cfg: RunConfig
     task: Task
-    method: "Method"
+    method: Method
     data: SiteData
     device: torch.device
     state_dir: Path  # checkpoints, best model, results.json (prrfl.flare.places)
@@ -175,7 +176,11 @@ class SiteRuntime:
             if before_round is not None and ckpt["round_idx"] >= before_round:
                 log.warning(
                     "site %s: %s is of round %d but the server asks for round %d (it did not record the site's "
-                    "last upload); looking for an earlier checkpoint", self.name, path, ckpt["round_idx"], before_round,
+                    "last upload); looking for an earlier checkpoint",
+                    self.name,
+                    path,
+                    ckpt["round_idx"],
+                    before_round,
                 )
                 continue
             self._load(ckpt)
@@ -184,7 +189,12 @@ class SiteRuntime:
                 log.warning(
                     "site %s: continuing from %s (round %d) instead of the unreadable %s, kept as %s; the rounds "
                     "after %d are lost for this site (listed as missed in its results)",
-                    self.name, path, self.round_idx, bad.name, kept.name, self.round_idx,
+                    self.name,
+                    path,
+                    self.round_idx,
+                    bad.name,
+                    kept.name,
+                    self.round_idx,
                 )
             log.info("site %s: resumed from %s after round %d", self.name, path, self.round_idx)
             return True

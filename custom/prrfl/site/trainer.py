@@ -126,9 +126,7 @@ def record_round(site: SiteRuntime, round_idx: int, timing: dict[str, float]) ->
     for split, values in (("valid", valid), ("test", test)):
         for name, value in values.items():
             site.log_scalar(f"{split}/{name}", value, step)
-    site.history.append(
-        {"kind": "round", "round": round_idx, "epochs_done": step + 1, "valid": valid, "test": test, "timing": timing}
-    )
+    site.history.append({"kind": "round", "round": round_idx, "epochs_done": step + 1, "valid": valid, "test": test, "timing": timing})
     score = valid[metric]
     eligible = round_idx >= site.cfg.select_from_round and not math.isnan(score)
     if eligible and (site.best is None or score > site.best["valid"][metric]):

@@ -32,7 +32,7 @@ class Split:
         return int(self.targets.shape[0])
 
     @classmethod
-    def pooled(cls, splits: "list[Split]") -> "Split":
+    def pooled(cls, splits: list[Split]) -> Split:
         """The splits of several sites as one (on the first split's device): samples in order, volume
         numbers made distinct across splits, so a volume never merges with another site's."""
         if not splits:
@@ -46,9 +46,7 @@ class Split:
                 parts.append(g + offset)
                 offset += int(g.max()) + 1 if len(s) else 0
             groups = torch.cat(parts)
-        return cls(
-            torch.cat([s.images.to(device) for s in splits]), torch.cat([s.targets.to(device) for s in splits]), groups
-        )
+        return cls(torch.cat([s.images.to(device) for s in splits]), torch.cat([s.targets.to(device) for s in splits]), groups)
 
 
 @dataclass
@@ -128,9 +126,7 @@ class Task:
         return SiteData(cohort=cohort, train=train, valid=valid, test=test, class_counts=self.class_counts(train))
 
     # ----- batches ------------------------------------------------------------------------
-    def train_transform(
-        self, images: torch.Tensor, targets: torch.Tensor, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_transform(self, images: torch.Tensor, targets: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Stored samples -> augmented model inputs and their targets (a spatial target is moved
         with its image). `generator` lives on the CPU."""
         raise NotImplementedError
@@ -138,9 +134,7 @@ class Task:
     def eval_transform(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def train_batches(
-        self, split: Split, batch_size: int, generator: torch.Generator
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def train_batches(self, split: Split, batch_size: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """One shuffled pass over `split`. A last batch of one sample would break BatchNorm in
         training mode: it joins the previous batch. Lazy: each batch is drawn (and augmented, from
         `generator`) when the loop asks for it."""
@@ -200,8 +194,10 @@ class Task:
         if not isinstance(num_train, int) or isinstance(num_train, bool) or num_train < 0:
             return f"num_train must be a non-negative integer, got {num_train!r}"
         counts = class_counts
-        if not isinstance(counts, list) or len(counts) != self.num_classes or any(
-            not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in counts
+        if (
+            not isinstance(counts, list)
+            or len(counts) != self.num_classes
+            or any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in counts)
         ):
             return f"class_counts must be {self.num_classes} non-negative integers, got {counts!r}"
         units = self.units_per_sample()

@@ -137,9 +137,7 @@ class DermTask(ClassificationTask):
             splits[name] = Split(images=s.images.to(device), targets=s.labels.to(device))
         return self.site_data(cohort, **splits)
 
-    def train_transform(
-        self, images: torch.Tensor, targets: torch.Tensor, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_transform(self, images: torch.Tensor, targets: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return self.augment(images, generator), targets
 
     def eval_transform(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

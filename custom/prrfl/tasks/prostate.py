@@ -131,14 +131,10 @@ class ProstateTask(SegmentationTask):
             rows = s.volume_rows()  # each volume's slices together and in order: Dice is computed per volume
             order = torch.cat(list(rows.values())) if rows else torch.zeros(0, dtype=torch.long)
             groups = torch.cat([torch.full((len(r),), i, dtype=torch.long) for i, r in enumerate(rows.values())]) if rows else order
-            splits[name] = Split(
-                images=s.images[order].to(device), targets=s.masks[order].long().to(device), groups=groups.to(device)
-            )
+            splits[name] = Split(images=s.images[order].to(device), targets=s.masks[order].long().to(device), groups=groups.to(device))
         return self.site_data(cohort, **splits)
 
-    def train_transform(
-        self, images: torch.Tensor, targets: torch.Tensor, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_transform(self, images: torch.Tensor, targets: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return self.augment(images, targets, generator)
 
     def eval_transform(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

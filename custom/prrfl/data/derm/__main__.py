@@ -12,6 +12,7 @@ import sys
 import time
 
 from prrfl.data.cli import command_parser, print_prepared, run_main
+
 from .layout import SITE_NAMES, SPLITS
 from .splitting import HELDOUT_MIN_PER_CLASS
 
@@ -33,9 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--size", type=_size, default=(600, 450), help="image WIDTHxHEIGHT (HAM10000: 600x450)")
     s.add_argument("--workers", type=int, default=1)
-    s.add_argument(
-        "--author-metadata", default=None, help="authors' split folder: use its ids, lesions and demographics"
-    )
+    s.add_argument("--author-metadata", default=None, help="authors' split folder: use its ids, lesions and demographics")
     s.add_argument("--no-distractors", action="store_true", help="omit the rows the loaders must drop")
     s.add_argument(
         "--heldout-min-per-class",
@@ -54,9 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--split", type=float, nargs=3, default=(0.7, 0.1, 0.2), metavar=("TRAIN", "VALID", "TEST"))
     q.add_argument("--group-by", choices=("image", "lesion"), default="image")
     q.add_argument("--author-splits", default=None, help="use the authors' split files in this folder for sites A-D")
-    q.add_argument(
-        "--allow-missing", action="store_true", help="with --author-splits: skip listed ids absent from the raw data"
-    )
+    q.add_argument("--allow-missing", action="store_true", help="with --author-splits: skip listed ids absent from the raw data")
     q.add_argument("--isic-root", default=None, help="folder holding ISIC-2017/ (default: --raw)")
     q.add_argument("--sites", nargs="+", default=list(SITE_NAMES), choices=SITE_NAMES)
     q.add_argument(

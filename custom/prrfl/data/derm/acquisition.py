@@ -37,25 +37,15 @@ class SiteProfile:
 
 SITE_PROFILES: dict[str, SiteProfile] = {
     # ViDIR modern: recent polarised dermoscopes, clean and sharp, slightly warm.
-    "A": SiteProfile(
-        (1.0, 0.97, 0.94), (0.02, 0.0, -0.01), 1.0, 1.08, 0.06, 0.12, 0.0, 1.0, 0.6, 0.012, 1.0, 1.0, 92, (0.0, 0.5)
-    ),
+    "A": SiteProfile((1.0, 0.97, 0.94), (0.02, 0.0, -0.01), 1.0, 1.08, 0.06, 0.12, 0.0, 1.0, 0.6, 0.012, 1.0, 1.0, 92, (0.0, 0.5)),
     # ViDIR MoleMax: video dermoscopy of nevi under follow-up: cool cast, soft, noisy, ring, small lesions.
-    "B": SiteProfile(
-        (0.9, 1.0, 1.1), (0.0, 0.02, 0.04), 1.15, 0.9, 0.04, 0.3, 0.85, 0.95, 1.5, 0.03, 0.72, 0.6, 80, (0.0, 0.35)
-    ),
+    "B": SiteProfile((0.9, 1.0, 1.1), (0.0, 0.02, 0.04), 1.15, 0.9, 0.04, 0.3, 0.85, 0.95, 1.5, 0.03, 0.72, 0.6, 80, (0.0, 0.35)),
     # Rosendahl: older, sun-damaged skin, hairy, strong uneven lighting, warm/red.
-    "C": SiteProfile(
-        (1.07, 0.95, 0.86), (0.03, -0.01, -0.02), 0.95, 1.0, 0.2, 0.2, 0.0, 1.0, 0.9, 0.02, 1.1, 3.0, 88, (0.3, 0.9)
-    ),
+    "C": SiteProfile((1.07, 0.95, 0.86), (0.03, -0.01, -0.02), 0.95, 1.0, 0.2, 0.2, 0.0, 1.0, 0.9, 0.02, 1.1, 3.0, 88, (0.3, 0.9)),
     # MSK (ISIC 2017): varied devices, magenta tint, strong vignetting, frequent ring, large lesions.
-    "D": SiteProfile(
-        (1.03, 0.94, 1.05), (0.01, -0.02, 0.02), 1.05, 1.12, 0.1, 0.45, 0.6, 0.88, 1.0, 0.025, 1.25, 1.5, 85, (0.0, 0.6)
-    ),
+    "D": SiteProfile((1.03, 0.94, 1.05), (0.01, -0.02, 0.02), 1.05, 1.12, 0.1, 0.45, 0.6, 0.88, 1.0, 0.025, 1.25, 1.5, 85, (0.0, 0.6)),
     # ViDIR legacy (vienna_dias): old scanned dermoscopy slides: yellow, low contrast, blurred, ring.
-    "OOD": SiteProfile(
-        (1.1, 1.0, 0.8), (0.04, 0.03, -0.03), 1.25, 0.85, 0.2, 0.4, 1.0, 0.8, 2.0, 0.035, 0.9, 1.0, 70, (0.1, 0.5)
-    ),
+    "OOD": SiteProfile((1.1, 1.0, 0.8), (0.04, 0.03, -0.03), 1.25, 0.85, 0.2, 0.4, 1.0, 0.8, 2.0, 0.035, 0.9, 1.0, 70, (0.1, 0.5)),
 }
 
 

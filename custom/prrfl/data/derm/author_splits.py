@@ -41,9 +41,7 @@ def author_split_path(directory: Path, site_name: str, split: str) -> Path:
 
 def _is_isic_quirk(rows: list[tuple[int, dict[str, str]]]) -> bool:
     """D's train/valid files: HAM header, ISIC flags under lesion_id (melanoma) and dx (keratosis)."""
-    return bool(rows) and all(
-        not r.get("dataset") and r.get("lesion_id") in _FLAG_VALUES and r.get("dx") in _FLAG_VALUES for _, r in rows
-    )
+    return bool(rows) and all(not r.get("dataset") and r.get("lesion_id") in _FLAG_VALUES and r.get("dx") in _FLAG_VALUES for _, r in rows)
 
 
 def read_author_split_file(path: Path, site_name: str | None = None) -> list[AuthorRow]:
@@ -91,9 +89,7 @@ def read_author_split_file(path: Path, site_name: str | None = None) -> list[Aut
             )
         )
     if quirk:
-        log.info(
-            "%s: ISIC 2017 flags found under the columns lesion_id/dx (authors' quirk), checked against label", path
-        )
+        log.info("%s: ISIC 2017 flags found under the columns lesion_id/dx (authors' quirk), checked against label", path)
     return out
 
 
@@ -109,9 +105,7 @@ def read_author_splits(directory: Path, sites: Sequence[str] = TRAIN_SITES) -> d
             rows = read_author_split_file(path, s)
             for row in rows:
                 if row.image_id in where:
-                    raise ValueError(
-                        f"{path} line {row.line}: image {row.image_id} is also in split {where[row.image_id]!r}"
-                    )
+                    raise ValueError(f"{path} line {row.line}: image {row.image_id} is also in split {where[row.image_id]!r}")
                 where[row.image_id] = split
             out[s][split] = rows
     return out

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from prrfl.data.build import cached_federation, federation_key
+
 from .layout import MANIFEST_NAME, SYNTHETIC_MARKER
 from .plan import GENERATOR_VERSION
 from .prepare import FORMAT, prepare_dermoscopy

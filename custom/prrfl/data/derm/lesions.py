@@ -100,16 +100,12 @@ def _blobs(
     ).astype(np.float32)
 
 
-def _dots(
-    rng: np.random.Generator, n: int, q: tuple[float, float], radius: tuple[float, float], colour: int
-) -> np.ndarray:
+def _dots(rng: np.random.Generator, n: int, q: tuple[float, float], radius: tuple[float, float], colour: int) -> np.ndarray:
     if n == 0:
         return np.zeros((0, 4), np.float32)
     r = np.sqrt(rng.uniform(q[0] ** 2, q[1] ** 2, n))
     a = rng.uniform(0, 2 * math.pi, n)
-    return np.column_stack([r * np.cos(a), r * np.sin(a), rng.uniform(*radius, n), np.full(n, colour)]).astype(
-        np.float32
-    )
+    return np.column_stack([r * np.cos(a), r * np.sin(a), rng.uniform(*radius, n), np.full(n, colour)]).astype(np.float32)
 
 
 def _warp(rng: np.random.Generator, amp: float) -> np.ndarray:
@@ -227,15 +223,11 @@ def _sample_pure(kind: str, rng: np.random.Generator) -> LesionSpec:
         pigmented = rng.random() < 0.2
         base = mix_colours("tan", "brown" if pigmented else "light_brown", rng.uniform(0.0, 0.8))
         gloss = _blobs(rng, int(rng.integers(1, 3)), ["white"], [1.0], 0.5, (0.25, 0.45), (0.1, 0.25))
-        mottle = _blobs(
-            rng, int(rng.integers(0, 3)), ["light_brown", "tan", "brown"], [0.4, 0.4, 0.2], 0.6, (0.15, 0.3), (0.2, 0.5)
-        )
+        mottle = _blobs(rng, int(rng.integers(0, 3)), ["light_brown", "tan", "brown"], [0.4, 0.4, 0.2], 0.6, (0.15, 0.3), (0.2, 0.5))
         dots = np.concatenate(
             [
                 _dots(rng, int(rng.integers(4, 20)), (0.0, 0.85), (0.02, 0.045), 2),  # milia-like cysts
-                _dots(
-                    rng, int(rng.integers(3, 12)), (0.0, 0.85), (0.025, 0.05), int(rng.integers(0, 2))
-                ),  # comedo-like openings
+                _dots(rng, int(rng.integers(3, 12)), (0.0, 0.85), (0.025, 0.05), int(rng.integers(0, 2))),  # comedo-like openings
             ]
         )
         return LesionSpec(

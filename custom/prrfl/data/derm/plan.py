@@ -113,9 +113,7 @@ def _meta(rng: np.random.Generator, site_name: str, dx: str) -> dict[str, str]:
     }
 
 
-def _synthetic_rows(
-    seed: int, site_idx: int, site_name: str, counts: Sequence[int], rng: np.random.Generator
-) -> list[dict]:
+def _synthetic_rows(seed: int, site_idx: int, site_name: str, counts: Sequence[int], rng: np.random.Generator) -> list[dict]:
     """Rows with lesion grouping (ids assigned later)."""
     rows = []
     p_multi = MULTI_IMAGE_P[site_name]
@@ -128,9 +126,7 @@ def _synthetic_rows(
             k = min(k, left)
             meta = _meta(rng, site_name, dx)
             for _ in range(k):
-                rows.append(
-                    {"dx": dx, "kind": dx, "lesion": lesion, "lesion_seed": _seed(seed, site_idx, lesion, 1), **meta}
-                )
+                rows.append({"dx": dx, "kind": dx, "lesion": lesion, "lesion_seed": _seed(seed, site_idx, lesion, 1), **meta})
             lesion += 1
             left -= k
     return rows

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from prrfl.data.manifest import PreparedManifest, config_hash, write_manifest
+
 from .author_splits import author_split_path, read_author_splits
 from .images import load_square
 from .layout import (
@@ -52,8 +53,7 @@ RULES = {
     "stratified": "per site and class: shuffled units fill test to max(m, round(f_test*n)), then valid likewise, "
     "rest train (>= 1 unit); m = heldout_min_per_class if enforce_heldout_min else 1; all in train when the class "
     "has < 3 units (splitting.py)",
-    "authors": "the authors' per-client split files assign each image id to a split; "
-    "raw images they do not list are dropped",
+    "authors": "the authors' per-client split files assign each image id to a split; raw images they do not list are dropped",
     "test_only": "out-of-distribution cohort: every image in test, empty train and valid",
 }
 
@@ -111,9 +111,7 @@ def _author_assignment(
             kept.append(rec)
             splits.append(split)
         if absent:
-            msg = (
-                f"{path}: {len(absent)} listed image(s) are not in the raw data of site {site_name} (e.g. {absent[:3]})"
-            )
+            msg = f"{path}: {len(absent)} listed image(s) are not in the raw data of site {site_name} (e.g. {absent[:3]})"
             if not allow_missing:
                 raise ValueError(msg + "; pass allow_missing=True to prepare without them")
             log.warning(msg)
@@ -172,9 +170,7 @@ def _assign(
             labels = [r.label for r in recs]
             # train is never empty here: the readers refuse a site without images, and every class
             # keeps at least one unit in train
-            assigned, w = stratified_assignment(
-                labels, fractions, sub_seed, groups, context=f"site {s}", heldout_min_per_class=heldout_min
-            )
+            assigned, w = stratified_assignment(labels, fractions, sub_seed, groups, context=f"site {s}", heldout_min_per_class=heldout_min)
             warnings += w
             plan[s] = (recs, assigned, "stratified")
     return plan, warnings

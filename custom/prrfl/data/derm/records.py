@@ -62,9 +62,7 @@ def read_csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, di
             raise ValueError(f"{path}: no rows after the header")
 
 
-def read_ham10000(
-    root: Path, cohorts: Sequence[str], layout: RawLayout = DEFAULT_LAYOUT
-) -> dict[str, list[ImageRecord]]:
+def read_ham10000(root: Path, cohorts: Sequence[str], layout: RawLayout = DEFAULT_LAYOUT) -> dict[str, list[ImageRecord]]:
     """Records of the HAM10000 sites whose `dataset` cohort is in `cohorts`, keyed by site name.
 
     Rule: rows with a diagnosis outside nv/bkl/mel (bcc, akiec, vasc, df) are dropped and counted in
@@ -89,8 +87,7 @@ def read_ham10000(
                 dropped[dx] += 1
                 continue
             raise ValueError(
-                f"{csv_path} line {line}: unknown dx {dx!r} for image {image_id} "
-                f"(expected one of {list(CLASS_INDEX) + list(OTHER_HAM_DX)})"
+                f"{csv_path} line {line}: unknown dx {dx!r} for image {image_id} (expected one of {list(CLASS_INDEX) + list(OTHER_HAM_DX)})"
             )
         if cohort not in by_cohort:
             other_cohorts[cohort] += 1
@@ -101,13 +98,9 @@ def read_ham10000(
         path = root / layout.ham_images / f"{image_id}{layout.image_ext}"
         out[s].append(ImageRecord(s, image_id, CLASS_INDEX[dx], path, row["lesion_id"] or None))
     if dropped:
-        log.info(
-            "%s: dropped %d rows with diagnoses outside nv/bkl/mel: %s", csv_path, sum(dropped.values()), dict(dropped)
-        )
+        log.info("%s: dropped %d rows with diagnoses outside nv/bkl/mel: %s", csv_path, sum(dropped.values()), dict(dropped))
     if other_cohorts:
-        log.warning(
-            "%s: ignored %d rows of unknown cohorts %s", csv_path, sum(other_cohorts.values()), dict(other_cohorts)
-        )
+        log.warning("%s: ignored %d rows of unknown cohorts %s", csv_path, sum(other_cohorts.values()), dict(other_cohorts))
     empty = [f"site {s} (cohort '{wanted[s]}')" for s, recs in out.items() if not recs]
     if empty:
         raise ValueError(f"{csv_path}: no nv/bkl/mel image of {', '.join(empty)}")

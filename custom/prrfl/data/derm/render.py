@@ -102,9 +102,7 @@ def draw_skin(rng: np.random.Generator, width: int, height: int, tone: float) ->
     base = mix_colours("fair_skin", "tan_skin", tone)
     mottle = rng.normal(0, 0.035, (gh, gw))
     red = np.maximum(rng.normal(0, 1, (gh, gw)), 0) * rng.uniform(0.3, 1.2)
-    ctrl = (base[:, None, None] * (1 + mottle)[None] + np.array([0.0, -0.05, -0.04])[:, None, None] * red[None]).astype(
-        np.float32
-    )
+    ctrl = (base[:, None, None] * (1 + mottle)[None] + np.array([0.0, -0.05, -0.04])[:, None, None] * red[None]).astype(np.float32)
     skin = upsample(ctrl, _spline_matrix(height, gh), _spline_matrix(width, gw))
     oy, ox = rng.integers(0, _TEX_PAD, 2)
     fine = _skin_texture(height, width, int(rng.integers(N_TEXTURES)))[oy : oy + height, ox : ox + width]

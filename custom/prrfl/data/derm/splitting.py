@@ -42,15 +42,8 @@ def _round(x: float) -> int:
 
 
 def check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
-    if (
-        len(fractions) != 3
-        or any(f < 0 for f in fractions)
-        or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6)
-        or fractions[0] <= 0
-    ):
-        raise ValueError(
-            f"split fractions must be 3 non-negative numbers (train > 0) summing to 1, got {tuple(fractions)}"
-        )
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or not math.isclose(sum(fractions), 1.0, abs_tol=1e-6) or fractions[0] <= 0:
+        raise ValueError(f"split fractions must be 3 non-negative numbers (train > 0) summing to 1, got {tuple(fractions)}")
     return tuple(float(f) for f in fractions)  # type: ignore[return-value]
 
 
@@ -92,9 +85,7 @@ def stratified_assignment(
         members = [members[i] for i in order]
         n = sum(len(m) for m in members)
         if len(members) < len(held_out) + 1:
-            msg = (
-                f"{context}: class {CLASS_NAMES[y]} has only {n} image(s) in {len(members)} unit(s): all put into train"
-            )
+            msg = f"{context}: class {CLASS_NAMES[y]} has only {n} image(s) in {len(members)} unit(s): all put into train"
             log.warning(msg)
             warnings.append(msg)
             for m in members:

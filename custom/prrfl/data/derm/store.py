@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from prrfl.data.npz import load_npz, save_npz
+
 from .layout import NUM_CLASSES, SPLITS
 
 NPZ_KEYS = ("images", "labels", "image_ids", "lesion_ids")
@@ -60,9 +61,7 @@ def _validate(path: Path, images: np.ndarray, labels: np.ndarray, ids: np.ndarra
     if n and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
         raise ValueError(f"{path}: 'labels' must lie in 0..{NUM_CLASSES - 1}, got {labels.min()}..{labels.max()}")
     if ids.shape != (n,) or lesions.shape != (n,):
-        raise ValueError(
-            f"{path}: 'image_ids' / 'lesion_ids' must have length {n}, got {list(ids.shape)} / {list(lesions.shape)}"
-        )
+        raise ValueError(f"{path}: 'image_ids' / 'lesion_ids' must have length {n}, got {list(ids.shape)} / {list(lesions.shape)}")
 
 
 def load_split(root: str | Path, site: str, split: str) -> DermSplit:

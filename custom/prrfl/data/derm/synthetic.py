@@ -22,6 +22,7 @@ from PIL import Image
 from threadpoolctl import threadpool_limits
 
 from prrfl.data.build import build_dir
+
 from .acquisition import SITE_PROFILES, acquire
 from .layout import (
     CLASS_INDEX,
@@ -33,10 +34,10 @@ from .layout import (
     SYNTHETIC_MARKER,
     RawLayout,
 )
-from .plan import GENERATOR_VERSION, SynthImage, plan_federation, table_counts
-from .splitting import HELDOUT_MIN_PER_CLASS
 from .lesions import sample_lesion
+from .plan import GENERATOR_VERSION, SynthImage, plan_federation, table_counts
 from .render import draw_hair, draw_lesion, draw_skin, sample_view
+from .splitting import HELDOUT_MIN_PER_CLASS
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,7 @@ def encode_jpeg(im: Image.Image, quality: int) -> bytes:
 
 def _write_one(task: tuple[SynthImage, int, int, str]) -> None:
     item, width, height, path = task
-    Path(path).write_bytes(
-        encode_jpeg(render_synthetic_image(item, width, height), SITE_PROFILES[item.site].jpeg_quality)
-    )
+    Path(path).write_bytes(encode_jpeg(render_synthetic_image(item, width, height), SITE_PROFILES[item.site].jpeg_quality))
 
 
 def _image_path(root: Path, item: SynthImage, layout: RawLayout) -> Path:
@@ -82,9 +81,7 @@ def _write_tables(root: Path, items: Sequence[SynthImage], layout: RawLayout) ->
             w = csv.writer(f)
             w.writerow(HAM_COLUMNS)
             for i in ham:
-                w.writerow(
-                    [i.lesion_id, i.image_id, i.dx, i.dx_type, i.age, i.sex, i.localization, SITES[i.site].cohort]
-                )
+                w.writerow([i.lesion_id, i.image_id, i.dx, i.dx_type, i.age, i.sex, i.localization, SITES[i.site].cohort])
     if isic:
         base = root / layout.isic_dir
         with open(base / layout.isic_csv, "w", newline="") as f:

@@ -12,6 +12,7 @@ import sys
 import time
 
 from prrfl.data.cli import command_parser, print_prepared, run_main
+
 from .layout import SITE_NAMES, TABLE_SITES
 
 
@@ -34,9 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--size", type=int, default=256, help="slice side in pixels after resizing")
     q.add_argument("--seed", type=int, default=0, help="split seed")
     q.add_argument("--split", type=float, nargs=3, default=(0.7, 0.1, 0.2), metavar=("TRAIN", "VALID", "TEST"))
-    q.add_argument(
-        "--sites", nargs="+", default=None, choices=SITE_NAMES, help="default: Table I sites (+ I2CVB if present)"
-    )
+    q.add_argument("--sites", nargs="+", default=None, choices=SITE_NAMES, help="default: Table I sites (+ I2CVB if present)")
 
     v = add("preview", parents=[common], help="write a PNG per site to look at")
     v.add_argument("--raw", required=True)

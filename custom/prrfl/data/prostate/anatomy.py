@@ -94,9 +94,7 @@ class Grid:
     zs: np.ndarray  # [Z], increasing (slice 0 is the most inferior)
 
     @classmethod
-    def centred(
-        cls, matrix: int, fov: float, slices: int, thickness: float, centre: tuple[float, float, float]
-    ) -> Grid:
+    def centred(cls, matrix: int, fov: float, slices: int, thickness: float, centre: tuple[float, float, float]) -> Grid:
         d = fov / matrix
         offsets = (np.arange(matrix) - (matrix - 1) / 2) * d
         zo = (np.arange(slices) - (slices - 1) / 2) * thickness
@@ -189,8 +187,7 @@ def sample_anatomy(rng: np.random.Generator, gland_volume_ml: float, *, endorect
     if rng.random() < 0.35:
         ang = math.radians(90 + float(rng.choice([-1, 1])) * _uniform(rng, 25, 70))
         lesion = np.array(
-            [0.78 * math.cos(ang), 0.78 * math.sin(ang), _uniform(rng, -0.6, 0.3), _uniform(rng, 3.5, 7.0),
-             _uniform(rng, 0.22, 0.3)]
+            [0.78 * math.cos(ang), 0.78 * math.sin(ang), _uniform(rng, -0.6, 0.3), _uniform(rng, 3.5, 7.0), _uniform(rng, 0.22, 0.3)]
         )
     n_vein = int(rng.integers(14, 26))
     ang = rng.uniform(math.radians(-170), math.radians(-10), n_vein)  # anterior and lateral (y < 0 is anterior)
@@ -278,9 +275,7 @@ class _Canvas:
         self.X = grid.xs.astype(np.float32)[None, None, :] + warp[0]
         self.Y = grid.ys.astype(np.float32)[None, :, None] + warp[1]
 
-    def region(
-        self, x0: float, x1: float, y0: float, y1: float, z0: float = -math.inf, z1: float = math.inf
-    ) -> _Region | None:
+    def region(self, x0: float, x1: float, y0: float, y1: float, z0: float = -math.inf, z1: float = math.inf) -> _Region | None:
         """The sub-grid inside the box (None when empty), widened by the largest displacement."""
         g = self.grid
         x0, x1, y0, y1 = x0 - WARP_MAX_MM, x1 + WARP_MAX_MM, y0 - WARP_MAX_MM, y1 + WARP_MAX_MM
@@ -295,9 +290,7 @@ class _Canvas:
     def around(self, cx: float, cy: float, r: float, z0: float = -math.inf, z1: float = math.inf) -> _Region | None:
         return self.region(cx - r, cx + r, cy - r, cy + r, z0, z1)
 
-    def paint(
-        self, reg: _Region, where: np.ndarray, value: float | np.ndarray, coarse: float = 0.03, fine: float = 0.03
-    ) -> None:
+    def paint(self, reg: _Region, where: np.ndarray, value: float | np.ndarray, coarse: float = 0.03, fine: float = 0.03) -> None:
         shape = self.value[reg.sl].shape
         where = np.broadcast_to(where, shape)
         for target, v in ((self.value, value), (self.amp_coarse, coarse), (self.amp_fine, fine)):
@@ -309,7 +302,11 @@ class _Canvas:
 
 
 def _ellipse(
-    reg: _Region, cx: float | np.ndarray, cy: float | np.ndarray, ax: float | np.ndarray, ay: float | np.ndarray,
+    reg: _Region,
+    cx: float | np.ndarray,
+    cy: float | np.ndarray,
+    ax: float | np.ndarray,
+    ay: float | np.ndarray,
     angle: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Normalised radius (1 on the outline) and the local coordinates (u along the rotated x axis, v)."""
@@ -442,9 +439,7 @@ def _wall_frame(reg: _Region, an: Anatomy) -> tuple[np.ndarray, ...]:
     return rho, np.degrees(theta), width, below
 
 
-def _segment(
-    th: np.ndarray, start: float | np.ndarray, end: float | np.ndarray, taper_start: bool | np.ndarray
-) -> np.ndarray:
+def _segment(th: np.ndarray, start: float | np.ndarray, end: float | np.ndarray, taper_start: bool | np.ndarray) -> np.ndarray:
     """Relative thickness (0 outside, 0.2 at the ends, 1 in the middle) of a bone spanning angles start..end."""
     width = 0.35 * (np.asarray(end) - np.asarray(start))
     e1 = np.where(taper_start, np.clip((th - start) / width, 0, 1), (th >= start).astype(np.float32))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prrfl.data.build import cached_federation, federation_key
+
 from .layout import MANIFEST_NAME, SYNTHETIC_MARKER, TABLE_SITES
 from .prepare import FORMAT, prepare_prostate
 from .synthetic import GENERATOR_VERSION, generate_synthetic_prostate
@@ -67,9 +68,7 @@ def ensure_synthetic_prostate(
             overwrite=True,
             workers=workers,
         ),
-        prepare=lambda raw, out: prepare_prostate(
-            raw, out, size=int(size), seed=int(split_seed), split=split, sites=params["sites"]
-        ),
+        prepare=lambda raw, out: prepare_prostate(raw, out, size=int(size), seed=int(split_seed), split=split, sites=params["sites"]),
         marker=SYNTHETIC_MARKER,
         manifest=MANIFEST_NAME,
         log=log,

@@ -28,6 +28,7 @@ import numpy as np
 
 from prrfl.data.derm.splitting import check_fractions
 from prrfl.data.manifest import PreparedManifest, config_hash, write_manifest
+
 from .layout import MANIFEST_NAME, SPLITS, SYNTHETIC_MARKER, site
 from .reader import CaseFiles, ProstateCase, from_display, list_sites, load_case, to_display
 from .splitting import patient_split
@@ -63,9 +64,7 @@ class ProstateManifest(PreparedManifest):
         for s, info in self.data["sites"].items():
             cells = "".join(f"{len(self.cases(s, sp))}/{self.slices(s, sp)}".rjust(16) for sp in SPLITS)
             table = info["table_prostate_share"]
-            lines.append(
-                f"{s:<7}{cells}{info['prostate_share']:>9.2%}" + (f"{table:>9.2%}" if table else f"{'-':>9}")
-            )
+            lines.append(f"{s:<7}{cells}{info['prostate_share']:>9.2%}" + (f"{table:>9.2%}" if table else f"{'-':>9}"))
         return "\n".join(lines)
 
 
@@ -247,8 +246,7 @@ def prepare_prostate(
         "case_ids str [N]; slice_index int64 [N]",
         "orientation": "axial slices, radiological view: row 0 anterior, column 0 the patient's right; "
         "slice_index 0 = most inferior slice; all slices of every volume kept",
-        "resizing": "zero-pad to a centred square, then area (shrink) / bilinear (grow) for images, "
-        "nearest-exact for masks",
+        "resizing": "zero-pad to a centred square, then area (shrink) / bilinear (grow) for images, nearest-exact for masks",
         "split_rule": SPLIT_RULE,
         "sources": {"raw_root": str(raw_root.resolve())},
         "sites": sites_info,

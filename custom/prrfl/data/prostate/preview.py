@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from prrfl.storage import atomic_write_bytes
+
 from .layout import SITES
 from .reader import ProstateCase, ProstateDataError, list_sites, load_case, present_sites, to_display
 

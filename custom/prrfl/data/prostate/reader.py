@@ -87,9 +87,7 @@ def list_cases(raw_root: str | Path, site_name: str) -> list[CaseFiles]:
     folder = Path(raw_root) / site_name
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "is missing"
-        raise ProstateDataError(
-            f"site folder {folder} {what}; expected a folder per site ({', '.join(SITES)}) under {raw_root}"
-        )
+        raise ProstateDataError(f"site folder {folder} {what}; expected a folder per site ({', '.join(SITES)}) under {raw_root}")
     images: dict[str, Path] = {}
     masks: dict[str, Path] = {}
     for path in sorted(folder.iterdir()):
@@ -101,9 +99,7 @@ def list_cases(raw_root: str | Path, site_name: str) -> list[CaseFiles]:
         tag = next((t for t in MASK_TAGS if stem.endswith(t) and len(stem) > len(t)), None)
         if tag is None and stem.lower().endswith(MASK_TAGS[0]):
             case_id = stem[: -len(MASK_TAGS[0])]
-            raise ProstateDataError(
-                f"{path}: mask file name not recognised; expected {_expected(case_id)} (the tag is case-sensitive)"
-            )
+            raise ProstateDataError(f"{path}: mask file name not recognised; expected {_expected(case_id)} (the tag is case-sensitive)")
         case_id, table = (stem[: -len(tag)], masks) if tag else (stem, images)
         if case_id in table:
             kind = "mask" if tag else "image"
@@ -230,9 +226,7 @@ def _check_mask_values(mask: np.ndarray, path: Path) -> np.ndarray:
     if not binary.all():
         bad = np.unique(mask[~binary])
         shown = ", ".join(f"{v:g}" for v in bad[:5]) + (", ..." if bad.size > 5 else "")
-        raise ProstateDataError(
-            f"mask {path} has label(s) {shown}; expected a binary prostate mask with labels 0 and 1 only"
-        )
+        raise ProstateDataError(f"mask {path} has label(s) {shown}; expected a binary prostate mask with labels 0 and 1 only")
     out = mask.astype(np.uint8)
     if not out.any():
         raise ProstateDataError(f"mask {path} has no prostate voxel (all 0); expected labels 0 and 1")

@@ -44,23 +44,29 @@ class ScannerProfile:
 
 SCANNER_PROFILES: dict[str, ScannerProfile] = {
     # Siemens, surface array; small field of view, thick slices, short coverage: the largest V_P
-    "RUNMC": ScannerProfile((384,), (154, 178), (3.6, 4.0), (17, 22), (900, 1300), 1.0, 1.0, 1.0, 0.022, 0.6,
-                            0.35, 0.0, 0.0, "LPS", "_Segmentation", 0.0265),
+    "RUNMC": ScannerProfile(
+        (384,), (154, 178), (3.6, 4.0), (17, 22), (900, 1300), 1.0, 1.0, 1.0, 0.022, 0.6, 0.35, 0.0, 0.0, "LPS", "_Segmentation", 0.0265
+    ),
     # Philips: large stored values, flatter fat, harder gamma, more noise and blur, strong array shading
-    "BMC": ScannerProfile((512,), (206, 236), (3.0, 3.3), (20, 26), (2200, 3200), 1.25, 0.85, 0.95, 0.03, 0.7,
-                          0.5, 0.0, 0.0, "RAS", "_Segmentation", 0.0176),
+    "BMC": ScannerProfile(
+        (512,), (206, 236), (3.0, 3.3), (20, 26), (2200, 3200), 1.25, 0.85, 0.95, 0.03, 0.7, 0.5, 0.0, 0.0, "RAS", "_Segmentation", 0.0176
+    ),
     # Siemens: wide field of view, soft gamma
-    "UCL": ScannerProfile((384, 448), (200, 240), (3.0, 3.6), (18, 24), (500, 800), 0.9, 1.05, 1.0, 0.025, 0.6,
-                          0.25, 0.0, 0.0, "LPS", "_segmentation", 0.0145),
+    "UCL": ScannerProfile(
+        (384, 448), (200, 240), (3.0, 3.6), (18, 24), (500, 800), 0.9, 1.05, 1.0, 0.025, 0.6, 0.25, 0.0, 0.0, "LPS", "_segmentation", 0.0145
+    ),
     # GE with an endorectal coil: strong bright field around the coil (posteriorly), many slices
-    "BIDMC": ScannerProfile((384,), (156, 180), (3.0, 3.3), (26, 34), (350, 550), 1.1, 0.95, 0.9, 0.02, 0.6,
-                            0.15, 3.5, 17.0, "LPS", "_segmentation", 0.0216),
+    "BIDMC": ScannerProfile(
+        (384,), (156, 180), (3.0, 3.3), (26, 34), (350, 550), 1.1, 0.95, 0.9, 0.02, 0.6, 0.15, 3.5, 17.0, "LPS", "_segmentation", 0.0216
+    ),
     # Siemens: lowest stored values, noisiest, soft gamma, widest field of view
-    "HK": ScannerProfile((384,), (215, 250), (3.0, 3.6), (18, 24), (250, 420), 0.85, 1.1, 1.0, 0.045, 0.8,
-                         0.3, 0.0, 0.0, "RAS", "_segmentation", 0.0139),
+    "HK": ScannerProfile(
+        (384,), (215, 250), (3.0, 3.6), (18, 24), (250, 420), 0.85, 1.1, 1.0, 0.045, 0.8, 0.3, 0.0, 0.0, "RAS", "_segmentation", 0.0139
+    ),
     # outside Table I: a plausible Siemens protocol; its V_P target is an assumption
-    "I2CVB": ScannerProfile((384,), (180, 220), (3.0, 3.5), (20, 28), (1500, 2200), 1.05, 0.95, 1.0, 0.022, 0.5,
-                            0.4, 0.0, 0.0, "RAS", "_segmentation", 0.018),
+    "I2CVB": ScannerProfile(
+        (384,), (180, 220), (3.0, 3.5), (20, 28), (1500, 2200), 1.05, 0.95, 1.0, 0.022, 0.5, 0.4, 0.0, 0.0, "RAS", "_segmentation", 0.018
+    ),
 }
 
 
@@ -85,9 +91,7 @@ def coil_field(grid: Grid, anat: Anatomy, profile: ScannerProfile, rng: np.rando
     return np.asarray(field, np.float32)
 
 
-def acquire(
-    signal: np.ndarray, grid: Grid, anat: Anatomy, profile: ScannerProfile, rng: np.random.Generator
-) -> np.ndarray:
+def acquire(signal: np.ndarray, grid: Grid, anat: Anatomy, profile: ScannerProfile, rng: np.random.Generator) -> np.ndarray:
     """Stored int16 voxels [Z,H,W] of the anatomy's T2 `signal` (rendered with the profile's fat and fluid gains)."""
     dx = grid.spacing[0]
     gamma = profile.gamma * float(rng.uniform(0.97, 1.03))

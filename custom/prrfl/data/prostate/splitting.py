@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from prrfl.data.derm.splitting import check_fractions
+
 from .layout import SPLITS
 
 
@@ -28,9 +29,7 @@ def site_seed(seed: int, site_name: str) -> int:
     return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, zlib.crc32(site_name.encode())]).generate_state(1)[0])
 
 
-def patient_split(
-    case_ids: Sequence[str], fractions: Sequence[float], seed: int, site_name: str
-) -> dict[str, list[str]]:
+def patient_split(case_ids: Sequence[str], fractions: Sequence[float], seed: int, site_name: str) -> dict[str, list[str]]:
     """Case ids per split (each list sorted), a partition of `case_ids` (see the module rule)."""
     fr = dict(zip(SPLITS, check_fractions(fractions), strict=True))
     ids = sorted(case_ids)
@@ -40,9 +39,7 @@ def patient_split(
     needed = sum(1 for s in SPLITS if fr[s] > 0)
     if n < needed:
         nonempty = [s for s in SPLITS if fr[s] > 0]
-        raise ValueError(
-            f"site {site_name} has {n} case(s); a patient-level split into {'/'.join(nonempty)} needs at least {needed}"
-        )
+        raise ValueError(f"site {site_name} has {n} case(s); a patient-level split into {'/'.join(nonempty)} needs at least {needed}")
     counts = {s: (max(1, _round(fr[s] * n)) if fr[s] > 0 else 0) for s in ("test", "valid")}
     while n - counts["test"] - counts["valid"] < 1:  # train keeps at least one case
         bigger = max(("test", "valid"), key=lambda s: counts[s])

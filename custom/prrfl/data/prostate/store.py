@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from prrfl.data.npz import load_npz, save_npz
+
 from .layout import SPLITS
 
 NPZ_KEYS = ("images", "masks", "case_ids", "slice_index")
@@ -79,10 +80,7 @@ def _validate(path: Path, images: np.ndarray, masks: np.ndarray, case_ids: np.nd
     for case in np.unique(case_ids):
         idx = np.sort(slice_index[case_ids == case])
         if not np.array_equal(idx, np.arange(idx.size)):
-            raise ValueError(
-                f"{path}: the slices of case {case} must be numbered 0..{idx.size - 1} once each, "
-                f"got {idx.tolist()[:12]}"
-            )
+            raise ValueError(f"{path}: the slices of case {case} must be numbered 0..{idx.size - 1} once each, got {idx.tolist()[:12]}")
 
 
 def save_split(path: Path, images: np.ndarray, masks: np.ndarray, case_ids: list[str], slice_index: np.ndarray) -> Path:

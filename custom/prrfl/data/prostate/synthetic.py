@@ -28,6 +28,7 @@ import nibabel as nib
 import numpy as np
 
 from prrfl.data.build import build_dir
+
 from .anatomy import Anatomy, Grid, render, sample_anatomy
 from .layout import SITE_NAMES, SYNTHETIC_MARKER, TABLE_SITES, site
 from .scanner import SCANNER_PROFILES, ScannerProfile, acquire
@@ -39,9 +40,7 @@ MIN_CASES = 3  # one case per split of a 7:1:2 split
 GLAND_VOLUME_ML = (18.0, 110.0)  # clip of the drawn gland volume
 
 
-def case_counts(
-    scale: float = 1.0, sites: Sequence[str] = TABLE_SITES, *, min_cases: int = MIN_CASES
-) -> dict[str, int]:
+def case_counts(scale: float = 1.0, sites: Sequence[str] = TABLE_SITES, *, min_cases: int = MIN_CASES) -> dict[str, int]:
     """Cases per site: round-half-up(Table I count x scale), at least `min_cases`; scale=1.0 gives Table I."""
     if not scale > 0:
         raise ValueError(f"scale must be > 0, got {scale}")
@@ -72,9 +71,7 @@ def _case_seed(seed: int, site_name: str, index: int) -> np.random.SeedSequence:
     return np.random.SeedSequence([int(seed) & 0xFFFFFFFF, SITE_NAMES.index(site_name), int(index)])
 
 
-def plan_case(
-    site_name: str, index: int, seed: int, *, matrix_scale: float = 1.0, max_matrix: int | None = None
-) -> CasePlan:
+def plan_case(site_name: str, index: int, seed: int, *, matrix_scale: float = 1.0, max_matrix: int | None = None) -> CasePlan:
     """The geometry of case `index` of a site (the matrix options change only the matrix)."""
     profile = SCANNER_PROFILES[site(site_name).name]
     geo_ss, anat_ss, _, _ = _case_seed(seed, site_name, index).spawn(4)
@@ -118,9 +115,7 @@ def synthesize_case(plan: CasePlan) -> SynthCase:
     _, anat_ss, tex_ss, scan_ss = _case_seed(plan.seed, plan.site, plan.index).spawn(4)
     anat = sample_anatomy(np.random.default_rng(anat_ss), plan.gland_volume_ml, endorectal=profile.coil_gain > 0)
     grid = Grid.centred(plan.matrix, plan.fov, plan.slices, plan.thickness, plan.centre)
-    signal, mask = render(
-        anat, grid, np.random.default_rng(tex_ss), fat_gain=profile.fat_gain, fluid_gain=profile.fluid_gain
-    )
+    signal, mask = render(anat, grid, np.random.default_rng(tex_ss), fat_gain=profile.fat_gain, fluid_gain=profile.fluid_gain)
     image = acquire(signal, grid, anat, profile, np.random.default_rng(scan_ss))
     return SynthCase(plan, image, mask.astype(np.uint8), grid, anat)
 
