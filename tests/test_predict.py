@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import csv
+import hashlib
+import importlib.metadata
 import json
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,15 +14,16 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from prrfl.cli import main
 from prrfl.config import RunConfig
 from prrfl.data.augment import normalize
 from prrfl.flare.jobs import job_config
-from prrfl.predict import predict
+from prrfl.predict import chance_level, predict
 from prrfl.registry import build_method, build_task
-from prrfl.site.state import SiteRuntime
-from prrfl.storage import save_json, save_torch
+from prrfl.site.state import SiteRuntime, save_weights
+from prrfl.storage import save_json
 
 DERM_DATA = {"image_size": 32}
 # float32 CPU kernels sum in an order that depends on the batch shape (oneDNN picks its algorithm by batch
@@ -27,12 +31,22 @@ DERM_DATA = {"image_size": 32}
 # to 2.5e-6 seen on a busy 2-core machine). 1e-4 is 40x that and still far below any change of a decision.
 PROB_ATOL = 1e-4
 PROSTATE_DATA = {"image_size": 32, "model_width": 4}
+GOOD = {"derm": {"f1": 70.0, "auc": 85.0, "acc": 75.0, "bacc": 70.0}, "prostate": {"dice": 80.0, "iou": 68.0}}  # valid metrics
+REPO = Path(__file__).resolve().parents[1]
 
 
-def saved_model(folder: Path, job: str, data: dict, cohort: str, seed: int = 0) -> Path:
-    """best_personal.pt and its card, as a site saves them (SiteRuntime.model_card), for a freshly built
-    network whose BatchNorm statistics are taken from smooth random images (a new network's are 0 and 1, which
-    leaves its outputs nearly constant), so that its outputs differ from input to input."""
+def site_of(cfg: RunConfig, cohort: str, data_root: str | None) -> SimpleNamespace:
+    """What SiteRuntime.model_card reads of a site."""
+    task = build_task(cfg)
+    return SimpleNamespace(
+        cfg=cfg, task=task, run_id="r1", name="site-1", data=SimpleNamespace(cohort=cohort, num_train=10), data_root=data_root
+    )
+
+
+def saved_model(folder: Path, job: str, data: dict, cohort: str, data_root: Path, seed: int = 0) -> Path:
+    """best_personal.pt and its card, as a site saves them (save_weights, SiteRuntime.model_card), for a freshly
+    built network whose BatchNorm statistics are taken from smooth random images (a new network's are 0 and 1,
+    which leaves its outputs nearly constant), so that its outputs differ from input to input."""
     cfg = RunConfig.from_dict({**job_config(job).to_dict(), "data": data})
     task = build_task(cfg)
     torch.manual_seed(seed)
@@ -46,12 +60,9 @@ def saved_model(folder: Path, job: str, data: dict, cohort: str, seed: int = 0) 
     calibration = torch.nn.functional.interpolate(noise, size=pre["image_size"], mode="bilinear") * 2 - 1
     with torch.no_grad():
         model.train()(calibration)
-    site = SimpleNamespace(
-        cfg=cfg, task=task, run_id="r1", name="site-1", data=SimpleNamespace(cohort=cohort, num_train=10), data_root=None
-    )
-    card = SiteRuntime.model_card(site, "personal", 0, {"x": 1.0}, {"x": 1.0})
     path = folder / "best_personal.pt"
-    save_torch(model.state_dict(), path)
+    sha256 = save_weights(model.state_dict(), path)
+    card = SiteRuntime.model_card(site_of(cfg, cohort, str(data_root)), "personal", 0, GOOD[task.name], GOOD[task.name], sha256)
     save_json(card, path.with_suffix(".json"))
     return path
 
@@ -83,8 +94,8 @@ def derm_raw(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def derm_model(tmp_path_factory) -> Path:
-    return saved_model(tmp_path_factory.mktemp("derm_model"), "derm_prr", DERM_DATA, "A")
+def derm_model(tmp_path_factory, derm_raw) -> Path:
+    return saved_model(tmp_path_factory.mktemp("derm_model"), "derm_prr", DERM_DATA, "A", derm_raw[1].parent)
 
 
 def test_derm_probabilities_of_raw_jpegs_are_the_models_softmax_on_the_prepared_images(derm_raw, derm_model, tmp_path):
@@ -114,12 +125,13 @@ def test_derm_csv_one_row_per_image_in_sorted_order_probabilities_sum_to_one_arg
     assert f"class probabilities of {len(list(images_dir.iterdir()))} input(s) written to {out}" in capsys.readouterr().out
     with open(out, newline="") as f:
         header = next(csv.reader(f))
-    assert header == ["file", "predicted", "p_nv", "p_bkl", "p_mel"]
+    assert header == ["file", "predicted", "p_nv", "p_bkl", "p_mel", "flag"]
     rows = read_csv(out)
     assert [r["file"] for r in rows] == sorted(p.name for p in images_dir.iterdir())
     probs = np.array([[float(r[f"p_{c}"]) for c in ("nv", "bkl", "mel")] for r in rows])
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
     assert [r["predicted"] for r in rows] == [("nv", "bkl", "mel")[i] for i in probs.argmax(axis=1)]
+    assert {r["flag"] for r in rows} == {""}  # the site's own kind of image: nothing implausible
     assert probs.std(axis=0).max() > 0.01  # the outputs depend on the image
 
     single = tmp_path / "one.csv"  # a single image file as input
@@ -144,8 +156,8 @@ def prostate_raw(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def prostate_model(tmp_path_factory) -> Path:
-    return saved_model(tmp_path_factory.mktemp("prostate_model"), "prostate_prr", PROSTATE_DATA, "RUNMC", seed=1)
+def prostate_model(tmp_path_factory, prostate_raw) -> Path:
+    return saved_model(tmp_path_factory.mktemp("prostate_model"), "prostate_prr", PROSTATE_DATA, "RUNMC", prostate_raw[1], seed=1)
 
 
 def test_prostate_masks_are_on_the_inputs_grid_from_the_slices_training_prepared(prostate_raw, prostate_model, tmp_path):
@@ -270,29 +282,191 @@ def test_inputs_of_the_other_task_and_empty_folders_are_refused_by_name(
     assert not out.exists()
 
 
-def test_an_unreadable_image_or_volume_names_the_file_and_leaves_nothing_at_out(
-    derm_raw, derm_model, prostate_raw, prostate_model, tmp_path, capsys
+def copied(files, folder: Path) -> Path:
+    folder.mkdir()
+    for p in files:
+        (folder / p.name).write_bytes(p.read_bytes())
+    return folder
+
+
+def skipped_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped: ")]
+
+
+def test_an_unreadable_image_or_volume_is_skipped_by_name_the_others_written_exit_status_3(
+    derm_raw, derm_model, prostate_raw, prostate_model, tmp_path, capsys, caplog
 ):
     images_dir, _ = derm_raw
+    folder = copied(sorted(images_dir.iterdir())[:4], tmp_path / "images")
+    (folder / "c_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")  # among the good ones
+    out = tmp_path / "pred.csv"
+    assert main(["predict", "--model", str(derm_model), "--input", str(folder), "--out", str(out), "--batch-size", "2"]) == 3
+    [line] = skipped_lines(caplog)
+    assert line.startswith(f"skipped: cannot read image {folder / 'c_broken.jpg'}: ") and "\n" not in line
+    assert [r["file"] for r in read_csv(out)] == sorted(p.name for p in folder.iterdir() if p.name != "c_broken.jpg")
+    assert f"of 4 input(s) written to {out}; 1 unreadable input(s) skipped" in capsys.readouterr().out
+
+    raw, _ = prostate_raw
+    volumes = copied([raw / "Case00.nii.gz"], tmp_path / "volumes")
+    (volumes / "Case01.nii.gz").write_bytes((raw / "Case01.nii.gz").read_bytes()[:400])  # truncated
+    masks = tmp_path / "masks"
+    caplog.clear()
+    assert main(["predict", "--model", str(prostate_model), "--input", str(volumes), "--out", str(masks)]) == 3
+    [line] = skipped_lines(caplog)
+    assert str(volumes / "Case01.nii.gz") in line
+    assert sorted(p.name for p in masks.iterdir()) == ["Case00_mask.nii.gz", "summary.csv"]
+    assert [r["file"] for r in read_csv(masks / "summary.csv")] == ["Case00.nii.gz"]
+
+
+def test_a_batch_of_unreadable_inputs_only_is_refused_and_leaves_nothing_at_out(
+    derm_model, prostate_raw, prostate_model, tmp_path, capsys, caplog
+):
     folder = tmp_path / "images"
     folder.mkdir()
-    for p in sorted(images_dir.iterdir())[:4]:
-        (folder / p.name).write_bytes(p.read_bytes())
-    (folder / "zz_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    for name in ("a.jpg", "b.png"):
+        (folder / name).write_bytes(b"not an image")
     out = tmp_path / "pred.csv"
-    assert main(["predict", "--model", str(derm_model), "--input", str(folder), "--out", str(out), "--batch-size", "2"]) == 2
-    assert f"cannot read image {folder / 'zz_broken.jpg'}" in error_line(capsys)
+    assert main(["predict", "--model", str(derm_model), "--input", str(folder), "--out", str(out)]) == 2
+    assert "none of the 2 input(s) could be read (each named above): nothing written" in error_line(capsys)
+    assert len(skipped_lines(caplog)) == 2
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
     raw, _ = prostate_raw
     volumes = tmp_path / "volumes"
     volumes.mkdir()
-    (volumes / "Case00.nii.gz").write_bytes((raw / "Case00.nii.gz").read_bytes())
-    (volumes / "Case01.nii.gz").write_bytes((raw / "Case01.nii.gz").read_bytes()[:400])  # truncated
+    (volumes / "Case01.nii.gz").write_bytes((raw / "Case01.nii.gz").read_bytes()[:400])
     masks = tmp_path / "masks"
     assert main(["predict", "--model", str(prostate_model), "--input", str(volumes), "--out", str(masks)]) == 2
-    assert str(volumes / "Case01.nii.gz") in error_line(capsys)
+    assert "none of the 1 input(s) could be read" in error_line(capsys)
     assert not masks.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_implausible_images_are_predicted_and_flagged_with_their_reason(derm_raw, derm_model, tmp_path, caplog):
+    images_dir, _ = derm_raw
+    normal = sorted(images_dir.glob("*.jpg"))[0]
+    folder = copied([normal], tmp_path / "images")
+    Image.new("RGB", (10, 10), (128, 128, 128)).save(folder / "grey.jpg")
+    Image.new("RGB", (200, 20), (0, 0, 0)).save(folder / "strip.png")  # 20 px high: not too small at 32 px, but black
+    out = tmp_path / "pred.csv"
+    assert predict(derm_model, folder, out).flagged == 2
+    flags = {r["file"]: r["flag"] for r in read_csv(out)}
+    assert flags == {
+        normal.name: "",
+        "grey.jpg": "smaller than 1/2 of the training size (10x10 px vs 32 px); near-constant image (std 0.0 of 255)",
+        "strip.png": "near-constant image (std 0.0 of 255)",
+    }
+    assert f"2 of 3 inputs flagged: see the flag column of {out}" in caplog.messages
+
+
+def test_implausible_volumes_are_predicted_and_flagged_in_the_summary(prostate_raw, prostate_model, tmp_path):
+    raw, _ = prostate_raw
+    folder = copied([raw / "Case00.nii.gz"], tmp_path / "volumes")
+    flat = 1000 + np.random.default_rng(0).normal(0, 2, (12, 14, 6))  # std 0.2 % of the mean, 12 x 14 in-plane
+    nib.save(nib.Nifti1Image(flat.astype(np.float32), np.diag([1.0, 1.0, 3.0, 1.0])), folder / "flat.nii.gz")
+    result = predict(prostate_model, folder, tmp_path / "masks")
+    flags = {r["file"]: r["flag"] for r in read_csv(tmp_path / "masks" / "summary.csv")}
+    assert result.flagged == 1 and flags == {
+        "Case00.nii.gz": "",
+        "flat.nii.gz": "smaller than 1/2 of the training size (12x14 px vs 32 px); near-constant volume (std 0.2% of its mean intensity)",
+    }
+
+
+# ----- the model card ----------------------------------------------------------------------------------
+def test_the_card_holds_the_weights_sha256_code_version_data_fingerprint_and_synthetic_flag(derm_raw, derm_model, tmp_path):
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    manifest = derm_raw[1].parent / "manifest.json"
+    assert card["weights_sha256"] == hashlib.sha256(derm_model.read_bytes()).hexdigest()
+    assert card["prrfl_version"] == importlib.metadata.version("prrfl")
+    assert card["data_fingerprint"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
+    assert card["synthetic_data"] is True  # prepared from the generator's raw layout: its manifest says so
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if (REPO / ".git").exists() and head.returncode == 0:
+        assert card["code_commit"] in (head.stdout.strip(), head.stdout.strip() + "-dirty")
+    else:
+        assert card["code_commit"] is None
+
+    real = tmp_path / "real"  # the same preparation, as if of real images
+    real.mkdir()
+    data = json.loads(manifest.read_text())
+    data["config"]["synthetic"] = None
+    (real / "manifest.json").write_text(json.dumps(data))
+    cfg = RunConfig.from_dict(card["config"])
+    real_card = SiteRuntime.model_card(site_of(cfg, "A", str(real)), "personal", 0, {}, {}, "0" * 64)
+    assert real_card["synthetic_data"] is False
+    assert real_card["data_fingerprint"] == hashlib.sha256((real / "manifest.json").read_bytes()).hexdigest()
+
+
+def test_the_embedded_federation_is_synthetic_whatever_its_manifest(derm_raw, monkeypatch, tmp_path):
+    from prrfl.tasks.derm import DermTask
+
+    monkeypatch.setattr(DermTask, "prepared_root", lambda self, data_root, workers=1: tmp_path)  # no data root: the cache
+    (tmp_path / "manifest.json").write_text('{"config": {"synthetic": null}}')
+    cfg = RunConfig.from_dict({**job_config("derm_prr").to_dict(), "data": DERM_DATA})
+    card = SiteRuntime.model_card(site_of(cfg, "A", None), "personal", 0, {}, {}, "0" * 64)
+    assert card["synthetic_data"] is True and card["data_fingerprint"] == hashlib.sha256(b'{"config": {"synthetic": null}}').hexdigest()
+
+
+def beside(folder: Path, weights: Path, card: Path | dict) -> Path:
+    """best_personal.pt in `folder` with the bytes of `weights` and, beside it, `card` (a file or its content)."""
+    folder.mkdir(exist_ok=True)
+    model = folder / "best_personal.pt"
+    model.write_bytes(weights.read_bytes())
+    model.with_suffix(".json").write_text(card.read_text() if isinstance(card, Path) else json.dumps(card))
+    return model
+
+
+def test_weights_of_another_model_under_a_card_are_refused_by_predict_and_evaluate(derm_raw, derm_model, tmp_path, capsys):
+    images_dir, prepared = derm_raw
+    other = saved_model(tmp_path / "site-3", "derm_prr", DERM_DATA, "A", prepared.parent, seed=3)  # same network, other weights
+    model = beside(tmp_path / "mixed", other, derm_model.with_suffix(".json"))
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
+    line = error_line(capsys)
+    assert f"{model} (sha256 " in line and f"is not the model its card {model.with_suffix('.json')} was written for" in line
+    assert "put the .pt and .json saved together side by side" in line and not out.exists()
+    assert main(["evaluate", "--model", str(model), "--data-root", str(prepared.parent)]) == 2
+    assert f"is not the model its card {model.with_suffix('.json')} was written for" in error_line(capsys)
+
+
+def test_a_card_without_weights_sha256_is_read_with_a_warning(derm_raw, derm_model, tmp_path, caplog):
+    images_dir, _ = derm_raw
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    del card["weights_sha256"]
+    model = beside(tmp_path / "old", derm_model, card)
+    assert predict(model, sorted(images_dir.glob("*.jpg"))[0], tmp_path / "p.csv").inputs == 1
+    assert (
+        f"{model.with_suffix('.json')} has no weights_sha256 (written by an older prrfl): cannot check that best_personal.pt is its model"
+        in (caplog.messages)
+    )
+
+
+def test_predict_warns_when_the_cards_validation_metrics_are_at_chance_level(derm_raw, derm_model, tmp_path, caplog):
+    images_dir, _ = derm_raw
+    image = sorted(images_dir.glob("*.jpg"))[0]
+    predict(derm_model, image, tmp_path / "good.csv")
+    assert not [m for m in caplog.messages if "chance level" in m]  # GOOD: AUC 85, bACC 70
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    card["metrics"]["valid"] = {"f1": 32.5, "auc": 52.0, "acc": 97.0, "bacc": 33.3}  # every image called nv
+    model = beside(tmp_path / "chance", derm_model, card)
+    caplog.clear()
+    predict(model, image, tmp_path / "chance.csv")
+    [warning] = [m for m in caplog.messages if "chance level" in m]
+    assert warning == (
+        f"{model.with_suffix('.json')}: the model is at chance level on its validation split (AUC 52.0 <= 55; balanced "
+        "accuracy 33.3 <= 38.3, one class for every input scores 33.3): its predictions say little"
+    )
+
+
+def test_the_chance_rule_per_task_kind():
+    derm = {"class_names": ["nv", "bkl", "mel"]}
+    assert chance_level({**derm, "metrics": {"valid": GOOD["derm"]}}) is None
+    assert chance_level({**derm, "metrics": {"valid": {"auc": 80.0, "bacc": 38.0}}}).startswith("balanced accuracy 38.0")
+    assert chance_level({**derm, "metrics": {"valid": {"auc": 80.0, "bacc": 38.4}}}) is None  # 100/3 + 5 = 38.33
+    assert chance_level({**derm, "metrics": {"valid": {"auc": 55.0, "bacc": 60.0}}}) == "AUC 55.0 <= 55"
+    assert chance_level({**derm, "metrics": {"valid": {"auc": float("nan"), "bacc": 60.0}}}) is None  # not judged
+    assert chance_level({"class_names": ["background", "prostate"], "metrics": {"valid": {"dice": 8.0}}}) == "Dice 8.0 < 20"
+    assert chance_level({"class_names": ["background", "prostate"], "metrics": {"valid": GOOD["prostate"]}}) is None
+    assert chance_level({}) is None
 
 
 def test_a_card_whose_preprocessing_disagrees_with_its_config_is_refused(derm_raw, derm_model, tmp_path, capsys):

@@ -157,13 +157,24 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+EXIT_SKIPPED = 3  # predict: written, but unreadable inputs were skipped (a script must not take the output as whole)
+PREDICT_EXIT_STATUS = f"""\
+exit status:
+  0    every input predicted
+  2    refused (bad arguments, model, card or output; weights not the card's; no input readable): nothing written
+  {EXIT_SKIPPED}    written, but some inputs were unreadable and skipped (each named on stderr)
+An implausible input (far smaller than the model's images, near-constant) is predicted and named in the
+output's flag column; a model its card puts at chance level is a warning."""
+
+
 def _predict(args: argparse.Namespace) -> int:
     from prrfl.predict import predict
 
     result = predict(args.model, args.input, args.out, args.device, args.batch_size)
     what = "class probabilities" if result.task == "derm" else "masks"
-    print(f"{args.model}: {what} of {result.inputs} input(s) written to {result.out}")
-    return 0
+    skipped = f"; {len(result.skipped)} unreadable input(s) skipped" if result.skipped else ""
+    print(f"{args.model}: {what} of {result.inputs} input(s) written to {result.out}{skipped}")
+    return EXIT_SKIPPED if result.skipped else 0
 
 
 def _positive(text: str) -> int:
@@ -293,6 +304,8 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common],
         help="a saved best model on new inputs, preprocessed as its card says: derm images -> a CSV of class "
         "probabilities; prostate NIfTI volumes -> a <stem>_mask.nii.gz per volume on the input's grid, and summary.csv",
+        epilog=PREDICT_EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     predict.add_argument("--model", required=True, help="a best_<role>.pt, its model card best_<role>.json beside it")
     predict.add_argument(

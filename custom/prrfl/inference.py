@@ -2,12 +2,15 @@
 on a prepared split (`prrfl evaluate`).
 
 Every best model `best_<role>.pt` has its card `best_<role>.json` beside it (`SiteRuntime.model_card`):
-the task, method and whole config that rebuild the network, the preprocessing its inputs need, and
-the metrics it was chosen with. Nothing is re-typed by the user: what the card says is what is built.
+the task, method and whole config that rebuild the network, the preprocessing its inputs need, the
+metrics it was chosen with, and the sha256 of the weights file it was written with. Nothing is re-typed
+by the user: what the card says is what is built, and weights that are not the card's are refused.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,8 @@ from prrfl.registry import build_method, build_task
 from prrfl.site.state import MODEL_CARD_FORMAT, MODEL_CARD_SUFFIX
 from prrfl.storage import load_json, load_torch
 from prrfl.tasks.base import Task
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
 
@@ -37,7 +42,8 @@ def card_path(model_path: str | Path) -> Path:
 
 def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu") -> SavedModel:
     """The model of a best-model file, rebuilt from its card, in evaluation mode. Errors name the file:
-    a missing model or card, a card of another format, weights that do not fit the card's network."""
+    a missing model or card, a card of another format, weights that are not the ones the card was written
+    with (`check_weights`) or do not fit the card's network."""
     path = Path(model_path)
     card_file = card_path(path)
     if not path.is_file():
@@ -61,12 +67,30 @@ def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu")
         state = load_torch(path, map_location=device)
     except RuntimeError as e:  # truncated or not a checkpoint: an input the user can replace
         raise ValueError(str(e)) from e
+    check_weights(path, card)
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
         detail = " ".join(str(e).split())[:300]
         raise ValueError(f"{path}: the weights do not fit the {cfg.task}/{cfg.method} network its card describes: {detail}") from None
     return SavedModel(path, card, task, model.to(device).eval())
+
+
+def check_weights(path: Path, card: dict[str, Any]) -> None:
+    """The sha256 of the weights file must be the card's `weights_sha256`: a card beside another model's
+    weights (another site's, another run's) would describe a model it is not. A card written before the
+    field existed is accepted with a warning that the pair cannot be checked."""
+    card_file = card_path(path)
+    expected = card.get("weights_sha256")
+    if expected is None:
+        log.warning("%s has no weights_sha256 (written by an older prrfl): cannot check that %s is its model", card_file, path.name)
+        return
+    actual = hashlib.sha256(path.read_bytes()).hexdigest()
+    if actual != expected:
+        raise ValueError(
+            f"{path} (sha256 {actual[:12]}...) is not the model its card {card_file} was written for (weights_sha256 "
+            f"{expected[:12]}...): put the .pt and .json saved together side by side"
+        )
 
 
 def evaluate_saved_model(

@@ -7,10 +7,15 @@ the functions that prepared the training data, at the card's image size: a dermo
 preprocessing is typed by the user.
 
 * derm: one CSV, a row per image in sorted order: file, predicted class, `p_<class>` per class in the
-  card's class order (softmax).
+  card's class order (softmax), flag.
 * prostate: per volume `<stem>_mask.nii.gz` (uint8 class indices, 1 = prostate) on the input's voxel grid,
   with its affine and header: the predicted slices are taken back through the preparation's geometry
-  (nearest neighbour), and `summary.csv` with each mask's voxels and millilitres per class.
+  (nearest neighbour), and `summary.csv` with each mask's voxels and millilitres per class, and a flag.
+
+What says the output may not deserve trust is said, not hidden: a warning when the card's validation
+metrics put the model at chance level (`chance_level`), and a `flag` column naming why an input is
+implausible for the model (`image_flags`, `volume_flags`): its prediction is still written, the user decides.
+An unreadable input is skipped with a warning naming it and the rest goes on (`Prediction.skipped`).
 
 The output appears whole or not at all: the CSV is written atomically, the mask folder built beside
 `out` and renamed. Errors are ValueError / FileNotFoundError naming the file (one line in the CLI).
@@ -21,14 +26,15 @@ from __future__ import annotations
 import csv
 import io
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from prrfl.data.prostate.layout import MASK_TAGS, NIFTI_SUFFIXES, nifti_stem
+from prrfl.errors import error_message
 from prrfl.inference import SavedModel, card_path, load_saved_model
 from prrfl.storage import save_text
 
@@ -37,6 +43,32 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 MASK_SUFFIX = "_mask.nii.gz"
 SUMMARY = "summary.csv"
+FLAG = "flag"  # the output column of an input's implausibility reasons ("; "-joined, empty when none)
+
+# Chance level, read from the card's validation metrics (percent), by the metrics the task reports:
+# classification (auc, bacc) is at chance when AUC <= CHANCE_AUC or bACC <= 100/K + CHANCE_BACC_MARGIN;
+# segmentation (dice) when Dice < CHANCE_DICE. A metric the card lacks, or NaN, is not judged.
+CHANCE_AUC = 55.0  # a random ranking scores 50; +5 for a site's few validation images (8 per class by default)
+# Any constant answer (e.g. the majority class for every image) scores exactly 100/K balanced accuracy (mean
+# per-class recall); with 8 validation images per class, one image more right moves it by 100/(8K) (4.2 for K=3).
+CHANCE_BACC_MARGIN = 5.0
+# Labelling every voxel prostate scores Dice 2f/(1+f) for a prostate share f of the volume (2.5-4 %: 5-8),
+# an empty mask 0: under 20 the model has not learnt where the gland is.
+CHANCE_DICE = 20.0
+
+# Implausible inputs (flagged, not refused).
+# Training inputs were never enlarged more than 2x on their way to the model (raw dermoscopy >= 450 px on the
+# shorter side, MR in-plane 384-512 px, synthetic volumes 1/3 of that, vs image sizes <= 256): an input whose
+# square (derm: cropped to its shorter side; MR: padded to its longer) is under half the model's size
+# carries less detail than any image the model learnt from.
+MIN_SIZE_FRACTION = 0.5
+# Derm, on the model's uint8 input: JPEG noise on a uniform fill stays under 1 grey level, the flattest
+# synthetic training image varies by 39, real dermoscopy (skin texture, lesion, vignetting) by tens.
+NEAR_CONSTANT_STD = 4.0
+# MR has no intensity unit: std / mean |intensity| of the raw volume, about 0.5 for a pelvic volume (air,
+# fat, muscle, gland); under 2 % it is a flat fill or noise on one level, which percentile scaling would
+# stretch into an image.
+NEAR_CONSTANT_CV = 0.02
 
 
 @dataclass(frozen=True)
@@ -58,8 +90,45 @@ VOLUMES = InputKind("NIfTI volumes", NIFTI_SUFFIXES)
 @dataclass(frozen=True)
 class Prediction:
     out: Path
-    inputs: int
+    inputs: int  # predictions written
     task: str
+    skipped: tuple[str, ...] = ()  # one line per unreadable input, naming it and why
+    flagged: int = 0  # predictions written with a flag
+
+
+@dataclass
+class Batch:
+    """One call's inputs as they go through: the output rows (the flag column last) and the skipped inputs."""
+
+    total: int  # inputs to predict
+    table: Path  # the CSV that holds the flag column, for messages
+    rows: list[list] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def readable(self, files: Iterable[Path], load: Callable[[Path], object]) -> Iterator[tuple[Path, object]]:
+        """(file, load(file)) of each file that loads; one that does not (ValueError or OSError naming it, the
+        loaders' convention for a corrupt, truncated or unusable file) is skipped with a warning."""
+        for path in files:
+            try:
+                loaded = load(path)
+            except (ValueError, OSError) as e:
+                self.skipped.append(error_message(e))
+                log.warning("skipped: %s", self.skipped[-1])
+                continue
+            yield path, loaded
+
+    def add(self, row: list, flags: Iterable[str | None]) -> None:
+        self.rows.append([*row, "; ".join(f for f in flags if f)])
+
+    def csv(self, header: list[str]) -> str:
+        """The rows as CSV text; a ValueError when no input could be read (nothing is to be written)."""
+        if not self.rows:
+            raise ValueError(f"none of the {self.total} input(s) could be read (each named above): nothing written")
+        return _csv_text([*header, FLAG], self.rows)
+
+    @property
+    def flagged(self) -> int:
+        return sum(bool(row[-1]) for row in self.rows)
 
 
 def check_preprocessing(saved: SavedModel) -> None:
@@ -122,8 +191,57 @@ def predict(
     kind, run = PREDICTORS[task]
     model = f"{saved.path} (a {task} model)"
     files = list_inputs(input_path, kind, [k for k, _ in PREDICTORS.values() if k != kind], model)
-    count = run(saved, files, Path(out), batch_size or saved.task.eval_batch_size)
-    return Prediction(Path(out), count, task)
+    chance = chance_level(saved.card)
+    if chance:
+        log.warning(
+            "%s: the model is at chance level on its validation split (%s): its predictions say little", card_path(saved.path), chance
+        )
+    batch = run(saved, files, Path(out), batch_size or saved.task.eval_batch_size)
+    if batch.flagged:
+        log.warning("%d of %d inputs flagged: see the %s column of %s", batch.flagged, len(batch.rows), FLAG, batch.table)
+    return Prediction(Path(out), len(batch.rows), task, tuple(batch.skipped), batch.flagged)
+
+
+def chance_level(card: dict) -> str | None:
+    """Why the card's validation metrics put its model at chance level (the rule above CHANCE_AUC), or None."""
+    valid = (card.get("metrics") or {}).get("valid") or {}
+    auc, bacc, dice = (valid.get(m) for m in ("auc", "bacc", "dice"))
+    classes = len(card.get("class_names") or ())
+    reasons = []
+    if isinstance(auc, (int, float)) and auc <= CHANCE_AUC:
+        reasons.append(f"AUC {auc:.1f} <= {CHANCE_AUC:g}")
+    if isinstance(bacc, (int, float)) and classes and bacc <= 100 / classes + CHANCE_BACC_MARGIN:
+        constant = 100 / classes
+        reasons.append(
+            f"balanced accuracy {bacc:.1f} <= {constant + CHANCE_BACC_MARGIN:.1f}, one class for every input scores {constant:.1f}"
+        )
+    if isinstance(dice, (int, float)) and dice < CHANCE_DICE:
+        reasons.append(f"Dice {dice:.1f} < {CHANCE_DICE:g}")
+    return "; ".join(reasons) or None
+
+
+def size_flag(shape: tuple[int, int], side: int, size: int) -> str | None:
+    """The flag of an input whose square side before resizing (`side`) is under MIN_SIZE_FRACTION of the
+    model's image size; `shape` (width x height, or the volume's in-plane size) is for the message."""
+    if side >= MIN_SIZE_FRACTION * size:
+        return None
+    return f"smaller than 1/{round(1 / MIN_SIZE_FRACTION)} of the training size ({shape[0]}x{shape[1]} px vs {size} px)"
+
+
+def image_flags(shape: tuple[int, int], square: np.ndarray, size: int) -> list[str | None]:
+    """The implausibility flags of a dermoscopic image of `shape` (width, height), given the model's input
+    `square` made from it."""
+    std = float(square.std())
+    constant = f"near-constant image (std {std:.1f} of 255)" if std < NEAR_CONSTANT_STD else None
+    return [size_flag(shape, min(shape), size), constant]
+
+
+def volume_flags(image: np.ndarray, size: int) -> list[str | None]:
+    """The implausibility flags of an MR volume (RAS+ [X, Y, Z] intensities, as read for preparation)."""
+    shape = image.shape[:2]
+    variation = float(image.std() / max(float(np.abs(image).mean()), np.finfo(np.float32).tiny))
+    constant = f"near-constant volume (std {variation:.1%} of its mean intensity)" if variation < NEAR_CONSTANT_CV else None
+    return [size_flag(shape, max(shape), size), constant]
 
 
 # ----- shared -----------------------------------------------------------------------------------
@@ -159,20 +277,31 @@ def _csv_text(header: list[str], rows: list[list]) -> str:
 
 
 # ----- dermoscopy: one CSV ----------------------------------------------------------------------
-def _classify(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -> int:
+def _classify(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -> Batch:
+    from PIL import Image
+
     from prrfl.data.derm.images import load_square
 
     if out.is_dir():
         raise ValueError(f"{out} is a folder, but a {saved.card['task']} model writes one CSV file: give --out a file name")
     size = saved.task.preprocessing()["image_size"]
     names = _class_names(saved)
-    rows = []
+
+    def load(path: Path) -> tuple[np.ndarray, list[str | None]]:
+        square = load_square(path, size)
+        with Image.open(path) as im:  # the header only: the size before cropping and resizing
+            return square, image_flags(im.size, square, size)
+
+    batch = Batch(len(files), out)
     for chunk in _chunks(files, batch_size):
-        probs = _probabilities(saved, np.stack([load_square(p, size) for p in chunk]))
-        for path, p in zip(chunk, probs.tolist()):
-            rows.append([path.name, names[int(np.argmax(p))], *(f"{v:.9g}" for v in p)])  # 9 digits: the float32 exactly
-    save_text(_csv_text(["file", "predicted", *(f"p_{n}" for n in names)], rows), out)
-    return len(rows)
+        loaded = list(batch.readable(chunk, load))
+        if not loaded:
+            continue
+        probs = _probabilities(saved, np.stack([square for _, (square, _) in loaded]))
+        for (path, (_, flags)), p in zip(loaded, probs.tolist()):
+            batch.add([path.name, names[int(np.argmax(p))], *(f"{v:.9g}" for v in p)], flags)  # 9 digits: the float32 exactly
+    save_text(batch.csv(["file", "predicted", *(f"p_{n}" for n in names)]), out)
+    return batch
 
 
 # ----- prostate MRI: a mask per volume ------------------------------------------------------------
@@ -205,7 +334,7 @@ def _mask_image(mask: np.ndarray, source, num_classes: int):
     return image
 
 
-def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -> int:
+def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -> Batch:
     import nibabel as nib
 
     from prrfl.data.build import build_dir
@@ -220,30 +349,29 @@ def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -
             raise ValueError(f"output folder {out} holds other files ({', '.join(foreign[:3])}): give --out a new or empty folder")
     size = saved.task.preprocessing()["image_size"]
     names = _class_names(saved)
-    inputs = _volume_inputs(files)
+    stems = dict(_volume_inputs(files))
+    batch = Batch(len(stems), out / SUMMARY)
 
     def write(folder: Path) -> None:
-        rows = []
-        for path, stem in inputs:
-            volume = load_image(path)
+        for path, volume in batch.readable(stems, load_image):
+            stem = stems[path]
             slices = prepare_image(volume.image, size)
             labels = np.concatenate([_probabilities(saved, c).argmax(dim=1).numpy() for c in _chunks(slices, batch_size)])
             mask = from_canonical(restore_labels(labels.astype(np.uint8), volume.image.shape), volume.ornt)
             nib.save(_mask_image(mask, volume.source, len(names)), folder / f"{stem}{MASK_SUFFIX}")
             voxel_ml = abs(float(np.linalg.det(volume.source.affine[:3, :3]))) / 1000.0
             counts = [int((mask == c).sum()) for c in range(1, len(names))]
-            rows.append(
-                [path.name, f"{stem}{MASK_SUFFIX}", "x".join(map(str, mask.shape)), *counts, *(f"{n * voxel_ml:.3f}" for n in counts)]
-            )
+            row = [path.name, f"{stem}{MASK_SUFFIX}", "x".join(map(str, mask.shape)), *counts, *(f"{n * voxel_ml:.3f}" for n in counts)]
+            batch.add(row, volume_flags(volume.image, size))
         header = ["file", "mask", "shape", *(f"voxels_{n}" for n in names[1:]), *(f"ml_{n}" for n in names[1:])]
-        (folder / SUMMARY).write_text(_csv_text(header, rows))
+        (folder / SUMMARY).write_text(batch.csv(header))
 
     build_dir(out, write, overwrite=True)
-    return len(inputs)
+    return batch
 
 
-# task -> (the inputs it takes, the function that writes their predictions and returns how many it wrote)
-PREDICTORS: dict[str, tuple[InputKind, Callable[[SavedModel, list[Path], Path, int], int]]] = {
+# task -> (the inputs it takes, the function that writes their predictions and says what happened to them)
+PREDICTORS: dict[str, tuple[InputKind, Callable[[SavedModel, list[Path], Path, int], Batch]]] = {
     "derm": (IMAGES, _classify),
     "prostate": (VOLUMES, _segment),
 }

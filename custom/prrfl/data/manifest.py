@@ -64,6 +64,20 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def fingerprint(root: str | Path) -> tuple[str, bool]:
+    """(sha256 of <root>/manifest.json's bytes, whether the prepared data is synthetic), for a model card.
+
+    The digest identifies one preparation as written: its config (image size, split seed and
+    fractions, sites, the generator's parameters for synthetic data), the source folders it names,
+    the per-site split counts and warnings. It does not hash the pixels: raw images replaced by others
+    in the same folder, in the same numbers, prepared again, give the same digest. The data is
+    synthetic when its manifest says it was prepared from a generated raw layout (`config.synthetic`,
+    copied from the generator's marker file; null for real data).
+    """
+    data = (Path(root) / MANIFEST_NAME).read_bytes()
+    return hashlib.sha256(data).hexdigest(), json.loads(data).get("config", {}).get("synthetic") is not None
+
+
 def write_manifest(out_root: Path, manifest: dict[str, Any]) -> Path:
     """Write <out_root>/manifest.json atomically (indented JSON, one trailing newline)."""
     return atomic_write_bytes(out_root / MANIFEST_NAME, (json.dumps(manifest, indent=2) + "\n").encode())

@@ -15,7 +15,13 @@ listed in its results as missed.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.metadata
+import io
+import json
 import logging
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,8 +32,9 @@ import numpy as np
 import torch
 
 from prrfl.config import RunConfig
+from prrfl.data.manifest import fingerprint
 from prrfl.metrics import download_drops
-from prrfl.storage import atomic_write, load_torch, save_json, save_torch, save_torch_keeping_previous, set_aside
+from prrfl.storage import atomic_write, atomic_write_bytes, load_torch, save_json, save_torch_keeping_previous, set_aside
 from prrfl.tasks.base import SiteData, Task
 
 if TYPE_CHECKING:
@@ -40,9 +47,64 @@ CHECKPOINT = "site_state.pt"
 PREVIOUS_CHECKPOINT = "site_state.previous.pt"
 RESULTS = "results.json"
 MODEL_CARD_SUFFIX = ".json"  # best_<role>.json beside best_<role>.pt
+# Fields are only ever added to format 1 (weights_sha256, prrfl_version, code_commit, data_fingerprint,
+# synthetic_data came later): a reader takes a card without them, and says what it cannot check.
 MODEL_CARD_FORMAT = "prrfl-model-card/1"
 
 Scalar = Callable[[str, float, int], None]
+
+
+def save_weights(state_dict: dict[str, Any], path: Path) -> str:
+    """Write a best model's weights atomically; returns the sha256 of the very bytes written, for its card
+    (hashing what was serialised, not re-reading the file, so card and file agree by construction)."""
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    data = buffer.getvalue()
+    atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def package_version() -> str | None:
+    """The installed prrfl distribution's version (None when the package runs without being installed)."""
+    try:
+        return importlib.metadata.version("prrfl")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def code_commit() -> str | None:
+    """The git commit of the source tree this package runs from, `-dirty` when tracked files differ from
+    it; None when the package is not a tracked file of a git checkout (an installed copy, a job folder)
+    or git is missing or slow. Once per process: the code that runs is the code that was imported."""
+    here = Path(__file__).resolve()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(here.parent), *args], capture_output=True, text=True, timeout=10, check=True).stdout
+
+    try:
+        git("ls-files", "--error-unmatch", here.name)  # a copy inside some other repository is not its checkout
+        dirty = git("status", "--porcelain", "--untracked-files=no").strip()
+        return git("rev-parse", "HEAD").strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def data_identity(task: Task, data_root: str | None) -> tuple[str | None, bool]:
+    """(data_fingerprint, synthetic_data) of a model card. The fingerprint is that of the prepared data's
+    manifest.json (`prrfl.data.manifest.fingerprint` says what it identifies); for a task whose data is
+    made in memory from its data options (no prepared folder), the sha256 of those options as canonical
+    JSON. Synthetic: no data root (the task's embedded synthetic federation) or a manifest that says so.
+    A manifest gone since the data was loaded gives None, logged: it must not stop the training."""
+    try:
+        digest, synthetic = fingerprint(task.prepared_root(data_root))
+    except NotImplementedError:  # Task.prepared_root: the task has no prepared folder
+        options = json.dumps({"task": task.name, "data": task.data_cfg}, sort_keys=True).encode()
+        digest, synthetic = hashlib.sha256(options).hexdigest(), False
+    except (OSError, ValueError) as e:
+        log.warning("no data fingerprint for the model card: %s", e)
+        digest, synthetic = None, False
+    return digest, synthetic or data_root is None
 
 
 @dataclass
@@ -97,12 +159,14 @@ class SiteRuntime:
 
     def save_best(self, role: str, round_idx: int, valid: dict[str, float], test: dict[str, float]) -> None:
         """The model of `role` as the site's best, and its model card beside it (`model_card`)."""
-        save_torch(self.models[role].state_dict(), self.state_dir / f"best_{role}.pt")
-        save_json(self.model_card(role, round_idx, valid, test), self.state_dir / f"best_{role}{MODEL_CARD_SUFFIX}")
+        sha256 = save_weights(self.models[role].state_dict(), self.state_dir / f"best_{role}.pt")
+        save_json(self.model_card(role, round_idx, valid, test, sha256), self.state_dir / f"best_{role}{MODEL_CARD_SUFFIX}")
 
-    def model_card(self, role: str, round_idx: int, valid: dict[str, float], test: dict[str, float]) -> dict[str, Any]:
+    def model_card(self, role: str, round_idx: int, valid: dict[str, float], test: dict[str, float], weights_sha256: str) -> dict[str, Any]:
         """What a saved best model is and how it was made: enough to rebuild it (task, method, config) and
-        to feed it new inputs as in training (the task's preprocessing), with the metrics it was chosen by."""
+        to feed it new inputs as in training (the task's preprocessing), with the metrics it was chosen by;
+        the sha256 of its weights file (`save_weights`), the code and the data that made it."""
+        data_fingerprint, synthetic = data_identity(self.task, self.data_root)
         return {
             "format": MODEL_CARD_FORMAT,
             "model_file": f"best_{role}.pt",
@@ -123,6 +187,11 @@ class SiteRuntime:
             "num_train": self.data.num_train,
             "saved": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__,
+            "weights_sha256": weights_sha256,
+            "prrfl_version": package_version(),
+            "code_commit": code_commit(),
+            "data_fingerprint": data_fingerprint,
+            "synthetic_data": synthetic,
         }
 
     def write_examples(self) -> None:
