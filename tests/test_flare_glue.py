@@ -166,8 +166,44 @@ def test_an_update_far_above_the_rounds_median_is_an_outlier_with_its_reason():
     two_huge = {"a": 1.0, "b": 1.2, "c": 1e6, "d": 2e6}  # the lower median is still an honest site's
     assert sorted(norm_outliers(two_huge, 10.0)) == ["c", "d"]
     assert norm_outliers(norms, None) == {}  # off
-    assert norm_outliers({"a": 1.0, "b": 1e9}, 10.0) == {}  # one or two sites: no majority to compare with
     assert norm_outliers({"a": 0.0, "b": 0.0, "c": 3.0}, 10.0) == {}  # no weights travel (median 0)
+
+
+def test_with_two_sites_the_larger_update_is_refused_when_it_is_ratio_times_the_other():
+    from prrfl.flare.validation import norm_outliers
+
+    # the lower median of two is the smaller: 1e4 x 0.12 is 1e4 x the honest site's norm
+    assert norm_outliers({"site-1": 0.12, "site-2": 1200.0}, 10.0) == {
+        "site-2": "its update norm 1.2e+03 is 1e+04 x the round's median 0.12 (limit: update_norm_ratio=10)"
+    }
+    assert norm_outliers({"site-1": 0.12, "site-2": 1.19}, 10.0) == {}  # 9.9 x: within the ratio
+    # which of two is wrong cannot be known: the larger is refused, as it would dominate the average
+    assert list(norm_outliers({"site-1": 0.12, "site-2": 0.0012}, 10.0)) == ["site-1"]
+
+
+def test_a_site_is_also_measured_against_its_own_accepted_norms():
+    from prrfl.flare.validation import NORM_HISTORY, norm_outliers
+
+    history = {"site-1": [9.0, 1.0, 2.0, 3.0, 4.0, 5.0]}  # the last NORM_HISTORY = 5: median_low of 1..5 is 3
+    assert NORM_HISTORY == 5
+    # alone in its round (no round rule), 31 > 10 x 3; 29 is not
+    assert norm_outliers({"site-1": 31.0}, 10.0, history) == {
+        "site-1": "its update norm 31 is 10.3 x the median 3 of its own last 5 accepted update(s) (limit: update_norm_ratio=10)"
+    }
+    assert norm_outliers({"site-1": 29.0}, 10.0, history) == {}
+    # two sites that both turn 20 x larger: the round's rule sees nothing, each site's own history does
+    both = norm_outliers({"a": 20.0, "b": 24.0}, 10.0, {"a": [1.0], "b": [1.2, 1.0]})
+    assert sorted(both) == ["a", "b"] and "x the median 1 of its own last 1" in both["a"]
+    assert norm_outliers({"a": 20.0}, None, {"a": [1.0]}) == {}  # ratio off: both relative rules off
+
+
+def test_an_absolute_bound_refuses_any_upload_above_it_even_alone():
+    from prrfl.flare.validation import norm_outliers
+
+    assert norm_outliers({"site-1": 2.5e3}, None, max_norm=1e3) == {"site-1": "its update norm 2.5e+03 exceeds update_norm_max=1000"}
+    assert norm_outliers({"site-1": 999.0}, None, max_norm=1e3) == {}
+    # the absolute reason wins where both apply (one reason per site)
+    assert norm_outliers({"a": 1.0, "b": 2e3}, 10.0, max_norm=1e3) == {"b": "its update norm 2e+03 exceeds update_norm_max=1000"}
 
 
 def test_update_norm_ratio_must_exceed_one_or_be_null():

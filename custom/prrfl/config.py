@@ -182,9 +182,11 @@ class RunConfig:
     # sites that prepared their data); see required_sites
     min_sites: MinSites = "majority"
     select_from_round: int = 0  # best-on-validation selection considers rounds >= this (authors: 40 of 50)
-    # the server rejects an upload whose update norm exceeds this multiple of the round's median update
-    # norm (from 3 uploads on); null: off. See prrfl.flare.validation.norm_outliers
+    # the server rejects an upload whose update norm exceeds this multiple of the round's lower median
+    # update norm (from 2 uploads on) or of the site's own recent accepted norms; null: off. And, when set,
+    # one whose update norm exceeds update_norm_max. See prrfl.flare.validation.norm_outliers
     update_norm_ratio: float | None = 10.0
+    update_norm_max: float | None = None
     eval_test_every_epoch: bool = True  # per-epoch test curves (retrogress plots)
     method_args: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
@@ -200,6 +202,7 @@ class RunConfig:
             self._require(name, getattr(self, name) >= 0, ">= 0")
         self._require("select_from_round", 0 <= self.select_from_round < self.num_rounds, f"in [0, num_rounds={self.num_rounds})")
         self._require("update_norm_ratio", self.update_norm_ratio is None or self.update_norm_ratio > 1, "> 1 or null (off)")
+        self._require("update_norm_max", self.update_norm_max is None or self.update_norm_max > 0, "> 0 or null (off)")
         positive = isinstance(self.min_sites, str) or self.min_sites >= 1
         self._require("min_sites", positive, "a positive integer, 'all' or 'majority'")
         # a path component at the server and every site: "../x" or "/x" would leave the workspace

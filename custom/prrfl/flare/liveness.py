@@ -14,12 +14,30 @@ gives every round a deadline, derived from the work the sites have shown they ne
   synthetic data, gets `first` seconds. The measured times and
   estimates are part of the workflow's saved state, so a resumed run keeps them.
 * a number of seconds: that deadline for every task; 0: no deadline (wait for ever; not recommended).
+
+A site that is gone does not wait for the deadline: in a deployment FLARE reports a site whose job process
+died (its "dead job" report, then `get_client_disconnect_time` after FLARE's `dead_client_grace_period`);
+the simulator has no such report, but the server runs in the process that starts the sites' processes, so
+`WorkerWatch` sees a site's process end without an answer. When the job ends, `release_lost_workers` ends
+the simulator processes of sites that were lost (stopped with kill -STOP or hung): the simulator waits for
+every site process before it exits, so one frozen site would otherwise keep it running for ever.
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from dataclasses import dataclass
+import os
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+SIMULATOR_WORKER = "nvflare.private.fed.app.simulator.simulator_worker"  # the module FLARE's simulator runs per site
 
 AUTO = "auto"
 
@@ -62,3 +80,75 @@ class Deadline:
         if estimates:
             return f"{seconds:.0f} s ({self.estimate_factor:g} x the sum of the sites' estimates of a round, {sum(estimates):.1f} s; at least {self.floor:g} s)"
         return f"{seconds:.0f} s (nothing measured or estimated yet)"
+
+
+def simulator_workers() -> dict[str, list[psutil.Process]]:
+    """The FLARE simulator's site processes that this process started, by site name. The simulator runs the
+    server workflow in the process that starts the sites (`--parent_pid` names it), so this is empty
+    outside the simulator and for another simulator's sites."""
+    found: dict[str, list[psutil.Process]] = {}
+    me = str(os.getpid())
+    for child in psutil.Process().children():
+        try:
+            cmd = child.cmdline()
+            if SIMULATOR_WORKER in cmd and cmd[cmd.index("--parent_pid") + 1] == me:
+                found.setdefault(cmd[cmd.index("--client") + 1], []).append(child)
+        except (psutil.Error, ValueError, IndexError):  # ended meanwhile, or not a worker's command line
+            continue
+    return found
+
+
+@dataclass
+class WorkerWatch:
+    """The sites whose simulator process ended without an answer, for one task sent to several sites.
+
+    A site counts as gone once its process was seen and has then been absent for `grace` seconds (a process
+    that answered and ended normally, with fewer simulator threads than sites, has its answer in by then).
+    A site whose process was never seen (waiting for a simulator thread) is never judged."""
+
+    grace: float = 10.0
+    seen: set[str] = field(default_factory=set)
+    absent_since: dict[str, float] = field(default_factory=dict)
+
+    def gone(self, sites: Iterable[str], now: float | None = None) -> set[str]:
+        now = time.time() if now is None else now
+        alive = simulator_workers()
+        for site in sites:
+            if alive.get(site):
+                self.seen.add(site)
+                self.absent_since.pop(site, None)
+            elif site in self.seen:
+                self.absent_since.setdefault(site, now)
+        return {s for s in sites if s in self.absent_since and now - self.absent_since[s] >= self.grace}
+
+
+def release_lost_workers(sites: Iterable[str], grace: float = 30.0) -> list[str]:
+    """End the simulator processes of `sites` (lost during the job) so that the simulator can exit: a stopped
+    process (kill -STOP) at once, one still running (hung, or busy with a task nobody waits for) after
+    `grace` seconds if it has not ended by then. Returns one line per process for the server log."""
+    lines, later = [], []
+    workers = simulator_workers()
+    for site in sorted(sites):
+        for proc in workers.get(site, []):
+            try:
+                if proc.status() == psutil.STATUS_STOPPED:
+                    proc.kill()
+                    lines.append(f"{site}: its simulator process {proc.pid} is stopped (kill -STOP?); killed it so the simulator can exit")
+                else:
+                    later.append((site, proc))
+                    lines.append(f"{site}: its simulator process {proc.pid} has not answered; it is killed in {grace:.0f} s unless it ends")
+            except psutil.Error:
+                continue
+    if later:
+
+        def kill_later() -> None:
+            _, alive = psutil.wait_procs([p for _, p in later], timeout=grace)
+            for proc in alive:
+                try:
+                    proc.kill()
+                    log.warning("killed the simulator process %s of a lost site after %.0f s", proc.pid, grace)
+                except psutil.Error:
+                    pass
+
+        threading.Thread(target=kill_later, name="prrfl-release-lost-sites", daemon=True).start()
+    return lines

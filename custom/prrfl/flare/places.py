@@ -8,16 +8,24 @@
   `-w workspace/derm_prr`, the server's state is in `workspace/derm_prr.state/server/derm_prr/`.
 
 A new run (not a resumed one) first moves an earlier run's state folder aside (`set_aside_previous_run`).
+A workspace holds one running job at a time (`RunLock`): the server takes a lock before anything is read
+or moved, so a second job started on the same simulator workspace (or, in a deployment, a second job of the
+same run_name) is refused in one line naming the run that holds it, instead of moving its live state aside.
 A site's results.json is also written under its workspace (`<site workspace>/prrfl/<run_name>/`), where
 `prrfl results` and `prrfl report` look; in a deployment both places are the same folder.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
+import socket
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from nvflare.private.fed.simulator.simulator_const import SimulatorConstants
 
@@ -70,3 +78,81 @@ def set_aside_previous_run(folder: Path) -> Path | None:
     for older in folder.parent.glob(f"{folder.name}.replaced-*"):
         shutil.rmtree(older, ignore_errors=True)
     return set_aside(folder, "replaced")
+
+
+def lock_file(workspace_root: Path, state_dir: Path, job_id: str | None) -> Path:
+    """The lock a running job holds: in the simulator one per simulator workspace (every run there shares
+    `<ws>.state/`, and a second simulator run wipes the first one's workspace), in a deployment one per state
+    folder (FLARE keeps jobs apart by job id; only two jobs of the same run_name would share a folder)."""
+    if in_simulator(job_id):
+        return simulator_lock_file(Path(workspace_root).resolve().parent)
+    state_dir = Path(state_dir).resolve()
+    return state_dir.with_name(state_dir.name + ".lock")
+
+
+def simulator_lock_file(simulator_workspace: Path) -> Path:
+    """The lock of a simulator workspace (`-w`), beside it with the state: `<ws>.state/running.lock`."""
+    simulator_workspace = Path(simulator_workspace).resolve()
+    return simulator_workspace.with_name(simulator_workspace.name + STATE_SUFFIX) / "running.lock"
+
+
+class WorkspaceBusy(RuntimeError):
+    """Another job holds the lock; `holder` is what it wrote into the lock file."""
+
+    def __init__(self, path: Path, holder: dict[str, Any]):
+        super().__init__(f"{path} is held by {RunLock.describe(holder)}")
+        self.holder = holder
+
+
+class RunLock:
+    """An exclusive lock (flock) on a file that names its holder. The operating system releases it when the
+    holding process ends, however it ends (a kill -9 leaves no stale lock); the file itself stays."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+        self._info: dict[str, Any] = {}
+
+    def acquire(self, **holder: Any) -> RunLock:
+        """Take the lock and write `holder` (who holds it) into the file; raises WorkspaceBusy naming the
+        holder when another process has it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise WorkspaceBusy(self.path, self.holder()) from None
+        self._fd = fd
+        self._info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.update(**holder)
+        return self
+
+    def update(self, **holder: Any) -> None:
+        """Rewrite who holds the lock (e.g. the run id, once it is known)."""
+        if self._fd is None:
+            return
+        self._info.update(holder)
+        data = json.dumps(self._info, sort_keys=True).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, data, 0)
+
+    def holder(self) -> dict[str, Any]:
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+            return info if isinstance(info, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    @staticmethod
+    def describe(info: dict[str, Any]) -> str:
+        if not info:
+            return "another process (it has not said which yet)"
+        run = f"run {info['run_id']} of " if info.get("run_id") else ""
+        return f"{run}job '{info.get('run_name', '?')}' (pid {info.get('pid', '?')} on {info.get('host', '?')}, since {info.get('since', '?')})"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

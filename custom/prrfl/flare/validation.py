@@ -55,7 +55,7 @@ def _prototype_problem(meta: dict[str, Any], num_classes: int) -> str | None:
     return None
 
 
-NORM_RULE_MIN_UPLOADS = 3  # with one or two uploads there is no majority to compare a site with
+NORM_HISTORY = 5  # a site's own rule compares with the median of its last this many accepted update norms
 
 
 def update_norm(difference: dict[str, torch.Tensor]) -> float:
@@ -64,18 +64,44 @@ def update_norm(difference: dict[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float(v.double().square().sum()) for v in difference.values() if v.is_floating_point()))
 
 
-def norm_outliers(norms: dict[str, float], ratio: float | None) -> dict[str, str]:
-    """The sites whose update norm exceeds `ratio` times the round's median, each with a reason; none
-    when the rule is off (`ratio` None), with fewer than NORM_RULE_MIN_UPLOADS uploads, or when the
-    median is 0 (uploads without weights, e.g. prototypes only). The median is the lower one, so
-    with 4 sites two huge uploads are still measured against an honest one."""
-    if ratio is None or len(norms) < NORM_RULE_MIN_UPLOADS:
-        return {}
-    median = statistics.median_low(norms.values())
-    if median <= 0:
-        return {}
-    return {
-        site: f"its update norm {norm:.3g} is {norm / median:.3g} x the round's median {median:.3g} (limit: update_norm_ratio={ratio:g})"
-        for site, norm in norms.items()
-        if norm > ratio * median
-    }
+def norm_outliers(
+    norms: dict[str, float],
+    ratio: float | None,
+    history: dict[str, list[float]] | None = None,
+    max_norm: float | None = None,
+) -> dict[str, str]:
+    """The sites whose update norm is implausibly large, each with the reason; an upload is rejected when
+
+    * its norm exceeds `max_norm` (update_norm_max, an absolute bound; None: off), or, with `ratio`
+      (update_norm_ratio; None: both relative rules off),
+    * the round's rule: with 2 uploads or more, its norm exceeds `ratio` x the round's lower median. The
+      lower median of 2 is the smaller one, so with 2 sites the larger is rejected when it is more than
+      `ratio` x the other: the larger update is the one that would dominate the average (a scaled-down
+      upload harms nobody), so that is the one to refuse; with 4 sites, two huge uploads are still
+      measured against an honest one;
+    * the site's own rule, any number of uploads: its norm exceeds `ratio` x the median of its own last
+      NORM_HISTORY accepted norms (`history`), so a site that turns hostile after honest rounds is caught
+      even when it is the only upload or one of two.
+    A median of 0 (uploads without weights, e.g. prototypes only) gives no relative rule."""
+    problems: dict[str, str] = {}
+    for site, norm in norms.items():
+        if max_norm is not None and norm > max_norm:
+            problems[site] = f"its update norm {norm:.3g} exceeds update_norm_max={max_norm:g}"
+    if ratio is None:
+        return problems
+    if len(norms) >= 2:
+        median = statistics.median_low(norms.values())
+        for site, norm in norms.items():
+            if median > 0 and norm > ratio * median and site not in problems:
+                problems[site] = (
+                    f"its update norm {norm:.3g} is {norm / median:.3g} x the round's median {median:.3g} (limit: update_norm_ratio={ratio:g})"
+                )
+    for site, norm in norms.items():
+        own = (history or {}).get(site, [])[-NORM_HISTORY:]
+        median = statistics.median_low(own) if own else 0.0
+        if median > 0 and norm > ratio * median and site not in problems:
+            problems[site] = (
+                f"its update norm {norm:.3g} is {norm / median:.3g} x the median {median:.3g} of its own last {len(own)} "
+                f"accepted update(s) (limit: update_norm_ratio={ratio:g})"
+            )
+    return problems

@@ -27,9 +27,10 @@ from nvflare.fuel.utils.memory_utils import cleanup_memory
 from prrfl.config import ConfigError, RunConfig
 from prrfl.flare import places
 from prrfl.flare import protocol as P
-from prrfl.flare.liveness import AUTO, Deadline
+from prrfl.flare.liveness import AUTO, Deadline, WorkerWatch, release_lost_workers
+from prrfl.flare.places import RunLock, WorkspaceBusy
 from prrfl.flare.tracking import publish_cohorts, send_scalars
-from prrfl.flare.validation import norm_outliers, update_norm, upload_problem
+from prrfl.flare.validation import NORM_HISTORY, norm_outliers, update_norm, upload_problem
 from prrfl.messages import Download
 from prrfl.metrics import nanmean
 from prrfl.registry import build_method, build_task, validate_config
@@ -109,14 +110,42 @@ class PersonalizedWorkflow(ModelController):
 
     # ----- main loop -------------------------------------------------------------------
     def run(self) -> None:
+        """The job under the workspace's lock (prrfl.flare.places.RunLock): taken before any state is read
+        or moved, so a second job on the same workspace is refused instead of moving this one's live state
+        aside. In the simulator, the processes of sites lost during the job are ended at its end, so that a
+        frozen site cannot keep the simulator from exiting (prrfl.flare.liveness.release_lost_workers)."""
         fobs.register(TensorDecomposer)
+        state_dir = self._state_dir()
+        job_id = self.fl_ctx.get_job_id() if self.fl_ctx else None
+        root = Path(self.engine.get_workspace().get_root_dir())
+        lock = RunLock(places.lock_file(root, state_dir, job_id))
+        try:
+            places.ensure_writable(state_dir, "server", "set the workflow's state_dir argument to a writable folder")
+            lock.acquire(run_name=self.cfg.run_name, job_id=job_id, state_dir=str(state_dir))
+        except WorkspaceBusy as e:
+            where = f"the simulator workspace {root.resolve().parent}" if places.in_simulator(job_id) else f"the state folder {state_dir}"
+            self.panic(
+                f"the job cannot start: {where} is in use by {RunLock.describe(e.holder)}: wait for that job to end, "
+                "or give this one another workspace"
+            )
+            return
+        except OSError as e:  # ensure_writable names the folder and the setting
+            self.panic(f"the job cannot start: {e}")
+            return
+        try:
+            self._run(state_dir, lock)
+        finally:
+            lock.release()
+            if places.in_simulator(job_id) and self.lost:
+                for line in release_lost_workers(self.lost):
+                    self.warning(line)
+
+    def _run(self, state_dir: Path, lock: RunLock) -> None:
         cfg = self.cfg
         task = build_task(cfg)
         method = build_method(cfg, task)
         clients = sorted(c.name for c in self.engine.get_clients())
-        state_dir = self._state_dir()
         try:  # a job that cannot start says why, in one line, before any site trains
-            places.ensure_writable(state_dir, "server", "set the workflow's state_dir argument to a writable folder")
             state = self._load_state(state_dir)
         except (OSError, ValueError, RuntimeError) as e:
             self.panic(f"the job cannot start: {e}")
@@ -126,6 +155,7 @@ class PersonalizedWorkflow(ModelController):
             if state is None:
                 return
             save_torch(state, state_dir / STATE_FILE)
+        lock.update(run_id=state["run_id"])
         # the sites that prepared their data at the run's start and take part in this job
         sites = sorted(set(state["site_counts"]) & set(clients))
         publish_cohorts(self.fl_ctx, state.get("cohorts", {}))  # the tracking runs are named by cohort
@@ -177,7 +207,8 @@ class PersonalizedWorkflow(ModelController):
                 checked[site] = upload
             norms = {site: update_norm(upload.params) for site, upload in checked.items()}
             self.info(f"round {round_idx}: update norms " + ", ".join(f"{s} {n:.3g}" for s, n in norms.items()))
-            for site, problem in sorted(norm_outliers(norms, cfg.update_norm_ratio).items()):
+            accepted_norms = state.setdefault("update_norms", {})  # each site's accepted norms, for its own rule
+            for site, problem in sorted(norm_outliers(norms, cfg.update_norm_ratio, accepted_norms, cfg.update_norm_max).items()):
                 self.error(f"round {round_idx}: rejected the upload of {site}: {problem}")
                 del checked[site]
             uploads = [P.add_to_sent(upload, state["downloads"][site].params) for site, upload in checked.items()]
@@ -190,6 +221,8 @@ class PersonalizedWorkflow(ModelController):
                     f"round is in {state_dir}: bring the sites back and re-submit the job with resume"
                 )
                 return
+            for site in checked:
+                accepted_norms[site] = [*accepted_norms.get(site, []), norms[site]][-NORM_HISTORY:]
             downloads = method.aggregate(uploads, round_idx, state["method_memory"])
             state["downloads"].update(downloads)
             state["summaries"].update(summaries)
@@ -360,10 +393,14 @@ class PersonalizedWorkflow(ModelController):
 
         # the sites waited for: all but those lost earlier, unless every site was lost
         expected = (set(models) - set(self.lost)) or set(models)
+        watch = WorkerWatch() if places.in_simulator(self.fl_ctx.get_job_id() if self.fl_ctx else None) else None
+        ended: set[str] = set()  # simulator sites whose process ended without an answer
         for site, model in models.items():
             self.send_model(task_name, model, targets=[site], callback=collect)
         while self.get_num_standing_tasks() and not self.abort_signal.triggered:
-            waiting = {s for s in expected - set(answers.results) if not self.get_client_disconnect_time(s)}
+            if watch is not None:
+                ended = watch.gone(set(models) - set(answers.results))
+            waiting = {s for s in expected - set(answers.results) - ended if not self.get_client_disconnect_time(s)}
             if not waiting or (deadline is not None and time.time() - sent > deadline):
                 break
             time.sleep(0.2)
@@ -371,7 +408,9 @@ class PersonalizedWorkflow(ModelController):
             self.cancel_all_tasks()  # late results are dropped by FLARE
         elapsed = time.time() - sent
         for site in sorted(set(models) - set(answers.results)):
-            if self.get_client_disconnect_time(site):
+            if site in ended:
+                answers.missing[site] = "its simulator process ended without an answer (killed or crashed)"
+            elif self.get_client_disconnect_time(site):
                 answers.missing[site] = "FLARE reports it disconnected (its job process or its heartbeat is gone)"
             elif site in self.lost:
                 answers.missing[site] = f"silent since round {self.lost[site]}, not waited for beyond the others"
