@@ -27,6 +27,45 @@ def truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[:100])
 
 
+@pytest.fixture
+def fill_disk(monkeypatch):
+    """Call it to send every atomic write to /dev/full, where each write fails with ENOSPC, as on a full disk."""
+    import os
+
+    import prrfl.storage
+
+    def mkstemp(prefix="", suffix="", dir=None):
+        return os.open("/dev/full", os.O_WRONLY), str(Path(dir) / f"{prefix}x{suffix}")
+
+    return lambda: monkeypatch.setattr(prrfl.storage.tempfile, "mkstemp", mkstemp)
+
+
+def test_a_full_disk_is_named_as_such_not_as_torchs_internal_error(tmp_path, fill_disk):
+    from prrfl.storage import DiskFullError, save_json
+
+    fill_disk()
+    target = tmp_path / "state" / "server_state.pt"
+    with pytest.raises(DiskFullError) as caught:
+        save_torch({"w": torch.zeros(100_000)}, target)  # torch itself says "[enforce fail at inline_container.cc]"
+    assert str(caught.value).startswith(f"no space left on device: cannot write {target} (")
+    assert "MiB free there); free some space or move the folder" in str(caught.value)
+    assert not target.exists() and not list(target.parent.iterdir())  # no partial file, no temp left
+    with pytest.raises(DiskFullError, match="no space left on device: cannot write .*results.json"):
+        save_json({"a": 1}, tmp_path / "results.json")
+
+
+def test_a_site_whose_state_folder_is_full_reports_it_in_one_line(tiny_task, tmp_path, fill_disk):
+    site = make_runtime(tiny_task, tmp_path)
+    run_round(site, initial_download(tiny_task), 0)
+    fill_disk()
+    with pytest.raises(OSError) as caught:
+        site.save()
+    # what the site sends the server as its error (prrfl.flare.site_app.main), and the server logs
+    sent = f"{type(caught.value).__name__}: {caught.value}"
+    assert sent.startswith(f"DiskFullError: no space left on device: cannot write {site.state_dir / CHECKPOINT} (")
+    assert torch.load(site.state_dir / CHECKPOINT, weights_only=False)["round_idx"] == 0  # round 0's state intact
+
+
 # ----- site checkpoints ----------------------------------------------------------------------
 def test_a_truncated_site_checkpoint_falls_back_to_the_previous_round_with_a_warning(tiny_task, tmp_path, caplog):
     site = make_runtime(tiny_task, tmp_path)
@@ -208,6 +247,73 @@ def test_bad_settings_files_name_themselves(tmp_path):
         path.write_text(content)
         with pytest.raises(ValueError, match=message):
             SiteConfig.load("site-1", [], workspace=tmp_path)
+
+
+def test_a_device_this_machine_cannot_use_is_named_with_its_file_and_field(tmp_path, monkeypatch):
+    path = tmp_path / "local" / "prrfl_site.site-3.json"
+    path.parent.mkdir()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU machine, whatever this one is
+    for device, message in (
+        ("gpu", 'must be "cpu", "cuda" or "cuda:N" (a torch device), got \'gpu\''),
+        ("cuda:3", "is 'cuda:3' but this machine has no usable CUDA device: set it to \"cpu\""),
+    ):
+        path.write_text(json.dumps({"device": device}))
+        with pytest.raises(ValueError) as caught:
+            SiteConfig.load("site-3", [], workspace=tmp_path)
+        assert str(caught.value) == f"field 'device' of {path} {message}" + (
+            "" if device == "gpu" else " (or leave it out: CUDA when there is one)"
+        )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    path.write_text(json.dumps({"device": "cuda:3"}))
+    with pytest.raises(ValueError, match=r"is 'cuda:3' but this machine has 2 CUDA device\(s\): cuda:0..cuda:1$"):
+        SiteConfig.load("site-3", [], workspace=tmp_path)
+    path.write_text(json.dumps({"device": "cpu"}))
+    assert SiteConfig.load("site-3", [], workspace=tmp_path)[0].device == "cpu"
+    with pytest.raises(ValueError, match="^the site script's argument --device must be"):
+        SiteConfig.load("site-2", ["--device", "gpu"], workspace=tmp_path)  # no file of site-2: its argument
+
+
+def test_a_settings_file_in_the_simulator_workspace_instead_of_its_local_folder_is_reported(tmp_path):
+    site_ws = tmp_path / "ws" / "site-3"
+    site_ws.mkdir(parents=True)
+    (tmp_path / "ws" / "prrfl_site.site-3.json").write_text(json.dumps({"cohort": "C"}))
+    config, report = SiteConfig.load("site-3", [], workspace=site_ws)
+    assert config.cohort is None and report.used is None
+    assert report.notes == [
+        f"{tmp_path / 'ws' / 'prrfl_site.site-3.json'} is not read: site settings are read from {site_ws / 'local'}/; "
+        f"in the simulator, put them in {tmp_path / 'ws' / 'local'}/, which it copies into every site"
+    ]
+
+
+def test_a_cohort_the_task_does_not_have_or_the_data_does_not_hold_is_named_with_the_advice(tmp_path, monkeypatch):
+    from prrfl.registry import build_task
+
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny_derm_config()
+    meta = {"prrfl_config": cfg.to_dict(), "run_id": "r", "num_sites": 1}
+    settings = tmp_path / "local" / "prrfl_site.site-3.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"cohort": "Z"}))
+    with pytest.raises(ValueError) as caught:
+        build_runtime("site-3", meta, SiteConfig.load("site-3", [], workspace=tmp_path)[0], None)
+    assert (
+        str(caught.value)
+        == f"field 'cohort' of {settings} is 'Z', not a cohort of the derm task: expected one of ['A', 'B', 'C', 'D', 'OOD']"
+    )
+
+    prepared = tmp_path / "prepared"  # a prepared folder without cohort C (site-3's by its name)
+    (prepared / "A").mkdir(parents=True)
+    (prepared / "OOD").mkdir()
+    (prepared / "manifest.json").write_text("{}")
+    settings.write_text(json.dumps({"data_root": str(prepared)}))
+    with pytest.raises(FileNotFoundError) as caught:
+        build_runtime("site-3", meta, SiteConfig.load("site-3", [], workspace=tmp_path)[0], None)
+    assert str(caught.value) == (
+        f"site site-3 is cohort 'C' (from the site name site-3) but {prepared} (field 'data_root' of {settings}) holds no prepared "
+        "cohort 'C', only ['A', 'OOD']: set 'cohort' to one of them, or point data_root at data prepared with 'C'"
+    )
+    assert "I2CVB" in build_task(tiny_derm_config(task="prostate", run_name="p", method_args={}, data={})).cohorts
 
 
 # ----- site start-up checks -------------------------------------------------------------------

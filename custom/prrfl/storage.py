@@ -2,11 +2,13 @@
 
 Files go to a temp file beside the target, then os.replace; folders are built in a hidden folder
 beside the target, then renamed. torch is imported only by the functions that need it, so image
-worker processes stay light.
+worker processes stay light. A write that fails because the disk is full says so (`DiskFullError`, naming
+the file and the space left), whatever library was writing (torch reports it as an internal assertion).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -16,6 +18,35 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
+
+
+class DiskFullError(OSError):
+    """No space left on the device (or the quota) where a file was being written."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from or during, is the disk being full."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def disk_full_error(path: Path) -> DiskFullError:
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free there"
+    except OSError:
+        free = "free space unknown"
+    return DiskFullError(errno.ENOSPC, f"no space left on device: cannot write {path} ({free}); free some space or move the folder")
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
@@ -30,8 +61,10 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; results and prepared data are meant to be read
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if _disk_full(e) and not isinstance(e, DiskFullError):
+            raise disk_full_error(path) from e
         raise
     return path
 
@@ -81,11 +114,20 @@ def save_torch(obj: Any, path: str | Path) -> Path:
 
 
 def save_torch_keeping_previous(obj: Any, path: str | Path, previous: str | Path) -> Path:
-    """save_torch, after moving the file there to `previous`: the last two states are kept, the older one
-    the fallback when the newer cannot be read. A crash between the two steps leaves the previous one."""
-    path = Path(path)
+    """save_torch, after making the file there `previous` (a hard link, renamed into place; a copy where the
+    file system has no hard links): the last two states are kept, the older one the fallback when the newer
+    cannot be read, and `path` is never missing, not even for a moment (a reader or a crash in between
+    finds the older state under its own name)."""
+    path, previous = Path(path), Path(previous)
     if path.exists():
-        path.replace(previous)
+        link = previous.with_name(f".{previous.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            os.link(path, link)
+        except OSError as e:
+            if _disk_full(e):
+                raise disk_full_error(previous) from e
+            shutil.copy2(path, link)
+        os.replace(link, previous)
     return save_torch(obj, path)
 
 

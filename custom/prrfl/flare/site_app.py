@@ -22,6 +22,7 @@ from prrfl.flare.site_config import SettingsReport, SiteConfig, per_site_name
 from prrfl.registry import build_method, build_task
 from prrfl.site.state import SiteRuntime
 from prrfl.site.trainer import estimate_round_seconds, run_round
+from prrfl.tasks.base import MissingCohort
 
 log = logging.getLogger("prrfl.site")
 
@@ -42,11 +43,26 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
         if kept:
             log.warning("site %s: a new run starts; the state of the earlier run in %s is kept in %s", site, state_dir, kept)
     places.ensure_writable(state_dir, f"site {site}", "set state_dir in the site's local/prrfl_site.json to a writable folder")
-    device = torch.device(local.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(local.device or ("cuda" if torch.cuda.is_available() else "cpu"))  # checked by SiteConfig.load
     if device.type == "cpu":
         torch.set_num_threads(local.num_threads or max(1, (os.cpu_count() or 1) // max(1, meta.get(P.NUM_SITES, 1))))
+    if local.cohort is not None and local.cohort not in task.cohorts:
+        raise ValueError(
+            f"{local.origin('cohort')} is {local.cohort!r}, not a cohort of the {task.name} task: expected one of {list(task.cohorts)}"
+        )
     cohort = local.cohort or task.cohort_of(site)
-    data = task.load_site(cohort, device, local.data_root)
+    try:
+        data = task.load_site(cohort, device, local.data_root)
+    except MissingCohort as e:
+        named = f"set by {local.origin('cohort')}" if local.cohort else f"from the site name {site}"
+        raise FileNotFoundError(
+            f"site {site} is cohort {cohort!r} ({named}) but {e.root} ({local.origin('data_root')}) holds no prepared "
+            f"cohort {cohort!r}, only {e.available}: set 'cohort' to one of them, or point data_root at data prepared with {cohort!r}"
+        ) from e
+    except FileNotFoundError as e:
+        if not local.data_root:
+            raise
+        raise FileNotFoundError(f"{e} (data_root: {local.origin('data_root')})") from e
     if data.num_train < 1:
         source = local.data_root or "the embedded synthetic federation"
         raise ValueError(f"site {site}: cohort {cohort} has no training {task.sample_noun} in {source}")

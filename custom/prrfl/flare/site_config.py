@@ -48,6 +48,22 @@ class SettingsReport:
         return asdict(self)
 
 
+def device_problem(value: str) -> str | None:
+    """Why torch cannot use the device `value` on this machine (None: it can)."""
+    import torch
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError):
+        return f'must be "cpu", "cuda" or "cuda:N" (a torch device), got {value!r}'
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return f'is {value!r} but this machine has no usable CUDA device: set it to "cpu" (or leave it out: CUDA when there is one)'
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            return f"is {value!r} but this machine has {torch.cuda.device_count()} CUDA device(s): cuda:0..cuda:{torch.cuda.device_count() - 1}"
+    return None
+
+
 @dataclass
 class SiteConfig:
     data_root: str | None = None
@@ -56,15 +72,21 @@ class SiteConfig:
     num_threads: int | None = None
     state_dir: str | None = None
     eval_batch_size: int | None = None
+    sources: dict[str, str] = field(default_factory=dict, repr=False)  # field -> where its value came from
+
+    def origin(self, name: str) -> str:
+        """Where the value of field `name` was set, for messages: a file's field, a job argument, a default."""
+        return self.sources.get(name, f"default {name}")
 
     @classmethod
     def load(cls, site: str, argv: list[str] | None = None, workspace: Path = Path(".")) -> tuple[SiteConfig, SettingsReport]:
         """The settings of `site`; raises ValueError naming the file for bad JSON, an unknown field or a
         value of the wrong type."""
         parser = argparse.ArgumentParser(description="prrfl site")
-        for f in fields(cls):
+        for f in fields(cls)[:-1]:  # not sources
             parser.add_argument(f"--{f.name.replace('_', '-')}", type=int if f.name in INTEGER_FIELDS else str)
         values = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+        sources = {k: f"the site script's argument --{k.replace('_', '-')}" for k in values}
         report = SettingsReport()
         local = workspace / LOCAL
         if local.is_dir():
@@ -76,10 +98,21 @@ class SiteConfig:
         for stray in (workspace / GENERIC_NAME, workspace / "startup" / GENERIC_NAME, workspace / per_site_name(site)):
             if stray.is_file():
                 report.notes.append(f"{stray.resolve()} is not read: site settings are read from {local.resolve()}/")
+        parent = workspace.resolve().parent  # the simulator's workspace, above its sites' own
+        for stray in (parent / GENERIC_NAME, parent / per_site_name(site)):
+            if stray.is_file():
+                report.notes.append(
+                    f"{stray} is not read: site settings are read from {local.resolve()}/; in the simulator, put them in "
+                    f"{parent / LOCAL}/, which it copies into every site"
+                )
         if chosen is not None:
             report.used = str(chosen.resolve())
-            values.update(cls._read(chosen))  # the hospital's own file wins over job arguments
-        return cls(**values), report
+            read = cls._read(chosen)
+            values.update(read)  # the hospital's own file wins over job arguments
+            sources.update({k: f"field '{k}' of {report.used}" for k in read})
+        if values.get("device") and (problem := device_problem(values["device"])):
+            raise ValueError(f"{sources['device']} {problem}")
+        return cls(**values, sources=sources), report
 
     @classmethod
     def _read(cls, path: Path) -> dict[str, Any]:
@@ -89,7 +122,7 @@ class SiteConfig:
             raise ValueError(f"{path.resolve()} is not valid JSON: {e}") from e
         if not isinstance(local, dict):
             raise ValueError(f"{path.resolve()} must hold a JSON object, got {type(local).__name__}")
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"sources"}
         unknown = sorted(set(local) - names)
         if unknown:
             raise ValueError(f"{path.resolve()}: unknown field(s) {unknown}; expected some of {sorted(names)}")

@@ -154,7 +154,11 @@ class PersonalizedWorkflow(ModelController):
             state = self._new_state(cfg, task, method, clients)
             if state is None:
                 return
-            save_torch(state, state_dir / STATE_FILE)
+            try:
+                save_torch(state, state_dir / STATE_FILE)
+            except OSError as e:
+                self.panic(f"the job cannot start: cannot save the server's state: {e}")
+                return
         lock.update(run_id=state["run_id"])
         # the sites that prepared their data at the run's start and take part in this job
         sites = sorted(set(state["site_counts"]) & set(clients))
@@ -236,7 +240,13 @@ class PersonalizedWorkflow(ModelController):
                 }
             )
             state["next_round"] = round_idx + 1
-            self._save_state(state, state_dir)
+            try:
+                self._save_state(state, state_dir)
+            except OSError as e:  # e.g. prrfl.storage.DiskFullError: one line, the last saved round kept
+                self.panic(
+                    f"round {round_idx}: cannot save the server's state: {e}; the state after round {round_idx - 1} is kept in {state_dir}"
+                )
+                return
             if self.memory_gc_rounds and (round_idx + 1) % self.memory_gc_rounds == 0:
                 cleanup_memory()
             self._log_round(round_idx, summaries, task.primary_metric)

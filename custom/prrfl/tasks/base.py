@@ -75,6 +75,14 @@ class StreamingMetric(Protocol):
     def compute(self) -> dict[str, float]: ...
 
 
+class MissingCohort(FileNotFoundError):
+    """A prepared data folder without the site's cohort."""
+
+    def __init__(self, root: Path, cohort: str, available: list[str]):
+        super().__init__(f"{root} holds no prepared cohort '{cohort}' (it holds {available})")
+        self.root, self.cohort, self.available = Path(root), cohort, available
+
+
 class Task:
     """Base of a task package's main class."""
 
@@ -82,6 +90,7 @@ class Task:
     num_classes: ClassVar[int]
     class_names: ClassVar[tuple[str, ...]]
     site_names: ClassVar[tuple[str, ...]]  # the federation's cohorts, in FLARE site order
+    extra_cohorts: ClassVar[tuple[str, ...]] = ()  # other cohorts a site may state in its settings (e.g. I2CVB)
     ood_cohort: ClassVar[str | None] = None  # evaluated at the end, never trained on
     ood_scored_by: ClassVar[str | None] = None  # the cohort whose best model the report scores on it
     paper_table: ClassVar[str] = "per-site results"  # the paper's name of the per-site table, for the report
@@ -112,6 +121,18 @@ class Task:
                 f"(python -m prrfl.data.{self.name} prepare --raw <raw> --out <root>)"
             )
         return root
+
+    @property
+    def cohorts(self) -> tuple[str, ...]:
+        """Every cohort a site of this task may be: the federation's, its out-of-distribution one, and extras."""
+        return (*self.site_names, *((self.ood_cohort,) if self.ood_cohort else ()), *self.extra_cohorts)
+
+    def cohort_dir(self, root: Path, cohort: str) -> Path:
+        """The prepared folder of `cohort` in `root` (`<root>/<cohort>/`); MissingCohort names what root holds."""
+        folder = Path(root) / cohort
+        if not folder.is_dir():
+            raise MissingCohort(root, cohort, sorted(p.name for p in Path(root).iterdir() if p.is_dir() and not p.name.startswith(".")))
+        return folder
 
     def prepared_root(self, data_root: str | None, workers: int = 1) -> Path:
         """A site's prepared data: `data_root` when given (checked), else the task's embedded synthetic

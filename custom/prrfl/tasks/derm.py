@@ -124,6 +124,7 @@ class DermTask(ClassificationTask):
 
     def load_site(self, cohort: str, device: torch.device, data_root: str | None) -> SiteData:
         root = self.prepared_root(data_root)
+        self.cohort_dir(root, cohort)
         splits = {}
         for name in ("train", "valid", "test"):
             s = load_split(root, cohort, name)

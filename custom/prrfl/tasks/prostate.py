@@ -22,7 +22,7 @@ import torch
 from prrfl.config import check_options, config_error
 from prrfl.data.augment import SliceAugment, normalize
 from prrfl.data.prostate import ensure_synthetic_prostate, load_split
-from prrfl.data.prostate.layout import TABLE_SITES
+from prrfl.data.prostate.layout import SITES, TABLE_SITES
 from prrfl.data.prostate.prepare import PERCENTILES
 from prrfl.data.prostate.store import split_path
 from prrfl.models.deeplab import DeepLabV2ResNet18
@@ -62,6 +62,7 @@ class ProstateTask(SegmentationTask):
     num_classes = 2
     class_names = ("background", "prostate")
     site_names = TABLE_SITES  # RUNMC, BMC, UCL, BIDMC, HK: clients A-E
+    extra_cohorts = tuple(s for s in SITES if s not in TABLE_SITES)  # I2CVB, through a site's settings
     paper_table = "Table III"
 
     def __init__(self, data_cfg: dict[str, Any]):
@@ -120,6 +121,7 @@ class ProstateTask(SegmentationTask):
 
     def load_site(self, cohort: str, device: torch.device, data_root: str | None) -> SiteData:
         root = self.prepared_root(data_root)
+        self.cohort_dir(root, cohort)
         splits = {}
         for name in ("train", "valid", "test"):
             s = load_split(root, cohort, name)
