@@ -71,7 +71,9 @@ def deploy_command(tmp_path, num_rounds: int = 2) -> tuple[list[str], dict[str, 
 
 
 @pytest.mark.e2e
-def test_deploy_poc_two_sites(tmp_path):
+def test_deploy_poc_two_sites(tmp_path, capsys):
+    from test_results_layouts import printed_tables
+
     cmd, env, work = deploy_command(tmp_path)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
@@ -84,6 +86,9 @@ def test_deploy_poc_two_sites(tmp_path):
         assert list(work.rglob(f"prod_00/{site}/prrfl/derm_prr/site_state.pt"))
     assert list((work / "result").rglob("tb_events/federation/events.out.tfevents.*")), "no federation run"
     assert not our_processes(str(work)), "FLARE processes left running"
+    # the kits (server, sites, the admin's download) and result/ hold the same run: one table, the one printed
+    ((title, table),) = printed_tables(work, capsys).items()
+    assert title.startswith("derm_prr (run ") and f"{table}\n" in out and f"| {SITES[0]} |" in table
 
 
 @pytest.mark.e2e

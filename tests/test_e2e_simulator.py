@@ -52,6 +52,16 @@ def test_sites_and_server_write_results(finished_run):
     assert "| **mean** |" in proc.stdout + proc.stderr  # the job prints the per-site table
 
 
+def test_prrfl_results_prints_the_runs_table_from_the_workspace(finished_run, capsys):
+    from test_results_layouts import printed_tables
+
+    ws, _ = finished_run
+    server = ws / "server/simulate_job/results.json"
+    ((title, table),) = printed_tables(ws, capsys).items()
+    assert title == f"derm_prr (run {json.loads(server.read_text())['run_id']}, task derm): {server}"
+    assert table == (ws / "server/simulate_job/results.md").read_text().strip()  # the table the job wrote
+
+
 def test_prr_has_no_global_model_so_each_sites_model_scores_generalization(finished_run):
     from prrfl.crosseval import write_crosseval
 
@@ -306,27 +316,37 @@ def test_a_round_with_fewer_than_min_sites_usable_uploads_stops_the_job_and_keep
 
 @pytest.mark.parametrize("store", ["sqlite", "file"])
 def test_mlflow_tracking_through_flares_receiver(tmp_path, monkeypatch, store):
-    """tracking="mlflow": the sites' runs named by cohort and the federation run, in a local MLflow store:
-    FLARE's default SQLite file in the job's result folder, or a file store given as tracking_uri."""
+    """tracking="mlflow": the sites' runs named by cohort and the federation run, each with the run's config as
+    params, in a local MLflow store: by default an SQLite file beside the workspace, out of what the next simulator
+    run wipes; or a file store given as tracking_uri."""
     from mlflow import MlflowClient
+
+    from prrfl.flare.mlflow_tracking import mlflow_params
 
     uri = None
     if store == "file":
         uri = (tmp_path / "mlruns").as_uri()
         monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
-    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(), tracking="mlflow", tracking_uri=uri)
+    cfg = tiny_derm_config(method_args={"det_enabled": True})
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=cfg, tracking="mlflow", tracking_uri=uri)
     proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
     if uri is None:
-        (db,) = (tmp_path / "ws").rglob("mlflow.db")
-        uri = f"sqlite:///{db}"
+        assert [p.relative_to(tmp_path) for p in tmp_path.rglob("mlflow.db")] == [Path("ws.state/server/mlflow.db")]
+        uri = f"sqlite:///{tmp_path / 'ws.state/server/mlflow.db'}"
+    assert f"MLflow store {uri}: experiment 'derm_prr', runs ['federation', 'site-1', 'site-2'] with " in out  # the server log says where
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("derm_prr")
     cohorts = {s: json.loads((tmp_path / "ws" / s / "prrfl/derm_prr/results.json").read_text())["cohort"] for s in ("site-1", "site-2")}
     found = client.search_runs([experiment.experiment_id])
-    names = ["federation", *(f"{s}_{c}" for s, c in cohorts.items())]  # FLARE appends -<job id>-<job name>-<run>
-    runs = {name: next(r for r in found if r.info.run_name.startswith(name + "-")) for name in names}
-    assert len(found) == 3, [r.info.run_name for r in found]
+    runs = {r.info.run_name: r for r in found}
+    assert sorted(runs) == ["federation", *(f"{s}_{c}" for s, c in cohorts.items())]
+    params = mlflow_params(cfg.to_dict())
+    assert params["method_args.det_enabled"] == "true" and params["data.synthetic_raw_size"] == "[96, 72]"
+    for name, run in runs.items():
+        assert run.data.tags["mlflow.runName"] == run.data.tags["run_name"] == name  # one name, whatever shows it
+        assert run.data.params == params  # the whole config, on every run
     for s, c in cohorts.items():
         run = runs[f"{s}_{c}"]
         assert run.data.tags["cohort"] == c

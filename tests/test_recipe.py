@@ -121,7 +121,9 @@ def site_history(ws: Path, site: str, run: str = "derm_prr") -> list:
 
 
 @pytest.mark.e2e
-def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simulator(tmp_path):
+def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simulator(tmp_path, capsys):
+    from test_results_layouts import printed_tables
+
     env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "prrfl.cli", "run", "derm_prr", "--sites", "2", "--workspace", str(tmp_path / "ws"), *TINY_SETS]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=tmp_path)
@@ -130,6 +132,9 @@ def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simula
     assert f"derm_prr on sim: FINISHED:COMPLETED; results in {tmp_path / 'ws' / 'derm_prr'}" in out
     assert "| site-1 | " in out and "| site-2 | " in out and "| **mean** |" in out
     assert (tmp_path / "ws" / "derm_prr.state" / "server" / "derm_prr" / "server_state.pt").exists()
+    ((title, table),) = printed_tables(tmp_path / "ws", capsys).items()  # <workspace>/<job>/ and <job>.state/: one run
+    assert title.startswith("derm_prr (run ") and title.endswith(f"{tmp_path}/ws/derm_prr/server/simulate_job/results.json")
+    assert f"\n\n{table}" in out  # the table `prrfl run` printed
 
     job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config())
     ref = subprocess.run(simulator_command(job, tmp_path / "ref", 2), env=env, capture_output=True, text=True, timeout=400)
@@ -144,8 +149,9 @@ def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simula
 
 
 @pytest.mark.e2e
-def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path):
+def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path, capsys):
     from test_deploy_poc import our_processes
+    from test_results_layouts import printed_tables
 
     poc = tmp_path / "poc"
     env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "NVFLARE_POC_WORKSPACE": str(poc), "PYTHONUNBUFFERED": "1"}
@@ -159,3 +165,6 @@ def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path
     for site in ("site-1", "site-2"):  # each site kept its state in its own POC workspace
         assert list(poc.rglob(f"prod_00/{site}/prrfl/derm_prr/site_state.pt")), site
     assert not our_processes(str(poc)), "POC processes left running"
+    # the POC workspace holds the run three times (the server's and the sites' prrfl/ folders, the admin's download)
+    ((title, table),) = printed_tables(poc, capsys).items()
+    assert title.startswith("derm_prr (run ") and f"\n\n{table}" in out

@@ -93,23 +93,19 @@ def _data_build(args: argparse.Namespace) -> int:
 
 
 def _results(args: argparse.Namespace) -> int:
-    """Per-site table from a workspace: the server's results.json, else the sites' own files."""
-    from prrfl.registry import task_class
-    from prrfl.report import LEGACY_TASK, results_table
+    """One per-site table per run found under each folder, whatever wrote it (prrfl.report.find_runs);
+    files that are not a prrfl run's are skipped with a note, so a workspace can be given as it is."""
+    from prrfl.report import find_runs
 
-    for ws in args.workspaces:
-        ws = Path(ws)
-        server = sorted(ws.glob("server/**/results.json"))
-        if server:
-            run = load_json(server[-1])
-            summaries, task = run["sites"], run["config"].get("task", LEGACY_TASK)
-        else:
-            site_files = sorted(ws.glob("*/prrfl/*/results.json"))
-            if not site_files:
-                raise FileNotFoundError(f"{ws}: no results.json found")
-            summaries = {r["site"]: r for r in map(load_json, site_files)}
-            task = next(iter(summaries.values())).get("task", LEGACY_TASK)
-        print(f"## {ws}\n\n{results_table(summaries, task_class(task).metric_names[:2])}\n")
+    for folder in args.workspaces:
+        runs, skipped = find_runs(folder)
+        for note in skipped:
+            print(f"note: {note}", file=sys.stderr)
+        if not runs:
+            other = f" of a prrfl run ({len(skipped)} other file(s) skipped)" if skipped else ""
+            raise FileNotFoundError(f"{folder}: no results.json{other} found")
+        for run in runs:
+            print(f"## {run.title()}\n\n{run.table()}\n")
     return 0
 
 
@@ -271,7 +267,12 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     build.set_defaults(func=_data_build)
     results = sub.add_parser("results", parents=[common], help="per-site table (the task's two main test metrics) of finished runs")
-    results.add_argument("workspaces", nargs="+")
+    results.add_argument(
+        "workspaces",
+        nargs="+",
+        metavar="folder",
+        help="searched at any depth for results.json: a simulator, `prrfl run`, POC or `prrfl deploy poc` workspace, a download",
+    )
     results.set_defaults(func=_results)
     report = sub.add_parser(
         "report", parents=[common], help="per-site tables (Table II / III, Table X), retrogress and per-epoch curves of finished runs"

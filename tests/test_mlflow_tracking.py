@@ -1,0 +1,55 @@
+"""MLflow tracking without a run: the config as params, the run names, where the default store goes
+(the runs themselves: tests/test_e2e_simulator.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from conftest import tiny_derm_config
+from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH
+
+from prrfl.flare.mlflow_tracking import MLflowRunReceiver, flatten, mlflow_params, workflow_config
+
+
+def test_the_config_becomes_flat_params_within_mlflows_limits():
+    assert flatten({"a": 1, "b": {"c": {"d": None}, "e": []}, "f": {}}) == {"a": 1, "b.c.d": None, "b.e": [], "f": {}}
+    params = mlflow_params(tiny_derm_config(method_args={"det_enabled": False, "det_split": "train"}).to_dict())
+    assert params["method_args.det_enabled"] == "false" and params["method_args.det_split"] == "train"
+    assert (params["run_name"], params["num_rounds"], params["lr"], params["update_norm_max"]) == ("derm_prr", "2", "0.01", "null")
+    assert params["data.synthetic_raw_size"] == "[96, 72]" and params["min_sites"] == "majority"
+    assert mlflow_params(tiny_derm_config().to_dict())["method_args"] == "{}"  # nothing set: the method's defaults
+    long = mlflow_params({"k" * 300: "v" * 7000})
+    ((key, value),) = long.items()
+    assert len(key) == MAX_ENTITY_KEY_LENGTH and len(value) == MAX_PARAM_VAL_LENGTH and value.endswith("...")
+
+
+def context(root, job_id: str, workflow=None) -> SimpleNamespace:
+    """The parts of a server FLContext the receiver reads: the workspace, the job id and the workflow."""
+    engine = SimpleNamespace(
+        get_workspace=lambda: SimpleNamespace(get_root_dir=lambda: str(root)),
+        get_component=lambda cid: workflow if cid == "workflow" else None,
+    )
+    return SimpleNamespace(get_engine=lambda: engine, get_job_id=lambda: job_id)
+
+
+def test_the_default_store_is_kept_where_a_rerun_does_not_delete_it(tmp_path):
+    receiver = MLflowRunReceiver(kw_args={"experiment_name": "derm_prr"})
+    # simulator: beside the workspace, next to the server's state folders (not in one: a new run moves those aside)
+    sim = context(tmp_path / "ws" / "server", "simulate_job")
+    assert receiver._get_tracking_uri(sim) == f"sqlite:///{tmp_path / 'ws.state/server/mlflow.db'}"
+    assert receiver._get_artifact_location("artifacts", sim) == str(tmp_path / "ws.state/server/mlflow-artifacts")
+    # deployment: in the server's workspace, beside prrfl/<run_name>/
+    deployed = context(tmp_path / "server", "5f1d0c3a-job")
+    assert receiver._get_tracking_uri(deployed) == f"sqlite:///{tmp_path / 'server/prrfl/mlflow.db'}"
+    assert (tmp_path / "server/prrfl").is_dir()
+    given = MLflowRunReceiver(tracking_uri="http://mlflow:5000", kw_args={"experiment_name": "derm_prr"})
+    assert given._get_tracking_uri(deployed) == "http://mlflow:5000"
+
+
+def test_runs_are_named_by_their_origin_and_the_config_is_the_workflows():
+    receiver = MLflowRunReceiver(kw_args={"experiment_name": "derm_prr"})
+    # FLARE's name would be "site-1-<job id>-derm_prr-FLARE FL Run"; the site's cohort is added when it is known
+    assert receiver._get_run_name({}, "site-1", "1718000000", "derm_prr") == "site-1"
+    cfg = tiny_derm_config()
+    assert workflow_config(context("/x", "j", SimpleNamespace(cfg=cfg))) == cfg.to_dict()
+    assert workflow_config(context("/x", "j", None)) is None
