@@ -274,18 +274,23 @@ def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
     assert server["sites"]["site-1"]["participation"]["aggregated"] == [0, 1, 2, 3]
 
 
-def test_a_finite_but_huge_update_is_rejected_by_the_median_norm_rule(tmp_path):
-    job = export_job("derm_fedavg", tmp_path / "jobs", cfg=tiny_derm_config(method="fedavg", run_name="derm_fedavg", method_args={}))
-    job = with_bad_site(job, HUGE_SITE_SCRIPT, site="site-3", sites=3)
+def test_a_finite_but_huge_update_is_rejected_with_two_sites(tmp_path):
+    """2 sites, one scales its update by 1e4 every round: the round's rule (from 2 uploads) refuses the larger;
+    min_sites 1 lets the honest site go on, and its model is never poisoned."""
+    cfg = tiny_derm_config(method="fedavg", run_name="derm_fedavg", method_args={}, min_sites=1)
+    job = with_bad_site(export_job("derm_fedavg", tmp_path / "jobs", cfg=cfg), HUGE_SITE_SCRIPT, site="site-2", sites=2)
 
-    proc = run_simulator(job, tmp_path / "ws", sites=3, cache=tmp_path / "cache")
+    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     for round_idx in (0, 1):
-        lines = [line for line in out.splitlines() if f"round {round_idx}: rejected the upload of site-3: its update norm" in line]
+        lines = [line for line in out.splitlines() if f"round {round_idx}: rejected the upload of site-2: its update norm" in line]
         assert lines and "x the round's median" in lines[0] and "update_norm_ratio=10" in lines[0], (round_idx, lines)
+        ratio = float(lines[0].split(" is ")[1].split(" x ")[0])
+        assert 1e3 < ratio < 1e5, lines[0]  # about the 1e4 the site scales by
     state = torch.load(tmp_path / "ws.state/server/derm_fedavg/server_state.pt", weights_only=False)
-    assert [h["sites"] for h in state["history"]] == [["site-1", "site-2"]] * 2
+    assert [h["sites"] for h in state["history"]] == [["site-1"], ["site-1"]]
+    assert [len(norms) for norms in state["update_norms"].values()] == [2] and list(state["update_norms"]) == ["site-1"]
     weights = state["downloads"]["site-1"].params
     assert max(float(v.abs().max()) for v in weights.values() if v.is_floating_point()) < 1e3  # not poisoned
 

@@ -8,8 +8,8 @@ One deployment (server + 3 sites, tiny images) serves all three; with 3 sites th
 from __future__ import annotations
 
 import json
+import re
 import shutil
-import time
 from pathlib import Path
 
 import psutil
@@ -114,15 +114,16 @@ def test_a_site_killed_mid_round_is_left_out_then_rejoins_from_its_checkpoint(de
     job = tiny_job(dep.root, "site_lost", num_rounds=3)
     job_id = dep.sess.submit_job(str(job))
     wait_for(lambda: "round 2/3: sending" in server_log(dep, job_id), 180, "round 2 to start")
-    killed = time.time()
     dep.kill(lost)
     checkpoint = torch.load(dep.kits.kit(lost) / "prrfl/site_lost/site_state.pt", weights_only=False)
     assert checkpoint["round_idx"] == 0, "the site finished round 1 before the kill; make rounds longer"
-    wait_for(lambda: (server_state(dep, "site_lost") or {}).get("next_round", 0) >= 2, 150, "round 1 to finish without it")
-    assert time.time() - killed < 150  # the 60 s deadline floor, not FLARE's 600 s heartbeat timeout
+    wait_for(lambda: (server_state(dep, "site_lost") or {}).get("next_round", 0) >= 2, 540, "round 1 to finish without it")
     state = server_state(dep, "site_lost")
     assert [h["sites"] for h in state["history"]] == [sorted(dep.kits.sites), kept]
     log = server_log(dep, job_id)
+    # the round ended at its own deadline (the 60 s floor: the round before took seconds), not FLARE's 600 s heartbeat
+    deadline = re.search(r"round 2/3: sending each of 3 sites its own model; deadline (\d+) s \(3 x the slowest round so far", log)
+    assert deadline and int(deadline[1]) < 600, log[-3000:]
     assert f"round 1: no result from {lost}: no result within the deadline" in log
     # FLARE 2.9 cannot add a restarted client to a running job: the site rejoins the resubmitted one
     dep.sess.abort_job(job_id)
