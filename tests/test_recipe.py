@@ -120,6 +120,24 @@ def site_history(ws: Path, site: str, run: str = "derm_prr") -> list:
     return untimed(json.loads((ws / site / "prrfl" / run / "results.json").read_text())["history"])
 
 
+def test_prrfl_run_refuses_a_simulator_workspace_another_job_is_running_in_before_it_is_emptied(tmp_path, capsys):
+    from prrfl.cli import main
+    from prrfl.flare.places import RunLock, simulator_lock_file
+
+    ws = tmp_path / "derm_prr"
+    (ws / "server").mkdir(parents=True)
+    (ws / "server" / "log.txt").write_text("the running job's log")
+    holder = RunLock(simulator_lock_file(ws)).acquire(run_name="derm_prr", run_id="0123456789ab")
+    try:
+        assert main(["run", "derm_prr", "--workspace", str(tmp_path), "--set", f"data={json.dumps(TINY_DATA)}"]) == 2
+    finally:
+        holder.release()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"prrfl: error: job derm_prr: the simulator workspace {ws} is in use by run 0123456789ab")
+    assert err[0].endswith("wait for that job to end, or give this one another workspace")
+    assert (ws / "server" / "log.txt").read_text() == "the running job's log"  # the simulator never started
+
+
 @pytest.mark.e2e
 def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simulator(tmp_path, capsys):
     from test_results_layouts import printed_tables

@@ -326,6 +326,35 @@ def test_a_site_refuses_to_start_with_an_unwritable_state_folder(tmp_path, monke
         build_runtime("site-1", meta, SiteConfig(state_dir=str(blocker / "state")), None)
 
 
+def test_a_run_lock_names_its_holder_and_dies_with_its_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from prrfl.flare.places import RunLock, WorkspaceBusy
+
+    path = tmp_path / "ws.state" / "running.lock"
+    first = RunLock(path).acquire(run_name="derm_prr", job_id="simulate_job")
+    first.update(run_id="0123456789ab")
+    with pytest.raises(WorkspaceBusy) as caught:
+        RunLock(path).acquire(run_name="other")
+    assert caught.value.holder["run_id"] == "0123456789ab" and caught.value.holder["pid"] == os.getpid()
+    assert str(caught.value).startswith(f"{path} is in use by run 0123456789ab of job 'derm_prr' (pid ")
+    first.release()
+    RunLock(path).acquire(run_name="next").release()  # free again
+    # a holder killed with -9 leaves the file but no lock: the operating system releases it with the process
+    script = f"from prrfl.flare.places import RunLock; import time; RunLock({str(path)!r}).acquire(run_name='gone'); print('held', flush=True); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(WorkspaceBusy, match="is in use by job 'gone' \\(pid "):
+            RunLock(path).acquire(run_name="x")
+    finally:
+        proc.kill()
+        proc.wait()
+    RunLock(path).acquire(run_name="after the kill").release()
+
+
 def test_state_lives_beside_the_simulator_workspace_and_inside_a_deployed_one(tmp_path):
     sim_site = tmp_path / "ws" / "site-2"
     assert places.default_state_dir(sim_site, "site-2", "derm_prr", "simulate_job") == tmp_path / "ws.state" / "site-2" / "derm_prr"

@@ -251,7 +251,8 @@ def _parser() -> argparse.ArgumentParser:
         help="where the server writes the sites' and the federation's scalars (default: TensorBoard event files)",
     )
     job_options.add_argument(
-        "--tracking-uri", help="with --tracking mlflow: the MLflow tracking URI (default: SQLite in the job's result folder)"
+        "--tracking-uri",
+        help="with --tracking mlflow: the MLflow tracking URI (default: SQLite mlflow.db in the server's prrfl/ folder, beside the workspace in the simulator)",
     )
     export = jobs.add_parser("export", parents=[common, job_options], help="write the job folders from the code")
     export.add_argument("names", nargs="*", help="jobs to export (default: all)")

@@ -96,12 +96,17 @@ def simulator_lock_file(simulator_workspace: Path) -> Path:
     return simulator_workspace.with_name(simulator_workspace.name + STATE_SUFFIX) / "running.lock"
 
 
-class WorkspaceBusy(RuntimeError):
+class WorkspaceBusy(OSError):
     """Another job holds the lock; `holder` is what it wrote into the lock file."""
 
-    def __init__(self, path: Path, holder: dict[str, Any]):
-        super().__init__(f"{path} is held by {RunLock.describe(holder)}")
+    def __init__(self, message: str, holder: dict[str, Any]):
+        super().__init__(message)
         self.holder = holder
+
+
+def busy_message(what: str, holder: dict[str, Any]) -> str:
+    """The one line that refuses a second job: `what` (e.g. "the simulator workspace /w") is in use by whom."""
+    return f"{what} is in use by {RunLock.describe(holder)}: wait for that job to end, or give this one another workspace"
 
 
 class RunLock:
@@ -122,7 +127,8 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise WorkspaceBusy(self.path, self.holder()) from None
+            holder = self.holder()
+            raise WorkspaceBusy(busy_message(str(self.path), holder), holder) from None
         self._fd = fd
         self._info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         self.update(**holder)

@@ -42,6 +42,7 @@ from nvflare.recipe.spec import ExecEnv, Recipe
 
 from prrfl.config import ConfigError, RunConfig, unknown_names_error
 from prrfl.errors import CommandFailed
+from prrfl.flare import places
 from prrfl.flare.jobs import JOBS, job_values
 from prrfl.flare.protocol import TASK_TRAIN
 from prrfl.flare.tracking import TRACKING, receiver
@@ -259,6 +260,14 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
     holds the sites' state and logs); the POC processes are stopped."""
     from nvflare.recipe import SimEnv
 
+    if isinstance(env, SimEnv):  # refuse before the simulator empties a workspace another job is running in
+        workspace = Path(env.workspace_root) / recipe.name
+        try:
+            places.RunLock(places.simulator_lock_file(workspace)).acquire(run_name=recipe.name).release()
+        except places.WorkspaceBusy as e:
+            raise places.WorkspaceBusy(
+                f"job {recipe.name}: {places.busy_message(f'the simulator workspace {workspace}', e.holder)}", e.holder
+            ) from e
     try:
         run = recipe.run(env)
     except RuntimeError as e:  # SimEnv: the simulator exited non-zero; Poc/ProdEnv: the submission failed

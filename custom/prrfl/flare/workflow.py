@@ -124,10 +124,7 @@ class PersonalizedWorkflow(ModelController):
             lock.acquire(run_name=self.cfg.run_name, job_id=job_id, state_dir=str(state_dir))
         except WorkspaceBusy as e:
             where = f"the simulator workspace {root.resolve().parent}" if places.in_simulator(job_id) else f"the state folder {state_dir}"
-            self.panic(
-                f"the job cannot start: {where} is in use by {RunLock.describe(e.holder)}: wait for that job to end, "
-                "or give this one another workspace"
-            )
+            self.panic(f"the job cannot start: {places.busy_message(where, e.holder)}")
             return
         except OSError as e:  # ensure_writable names the folder and the setting
             self.panic(f"the job cannot start: {e}")
