@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import psutil
@@ -61,7 +62,9 @@ def job_log(dep, job_id: str) -> str:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
-    env = {"PRRFL_CACHE": str(root / "cache")}
+    # FLARE finalizes a job whose site never reports its end (a frozen job process) after this many seconds
+    # (default 900); then its heartbeat clean-up kills that process
+    env = {"PRRFL_CACHE": str(root / "cache"), "NVFLARE_CLIENT_OUTCOME_WAIT_TIMEOUT": "60"}
     with poc_deployment(root / "poc", 3, env=env) as dep:
         dep.root = root
         yield dep
@@ -159,6 +162,32 @@ def test_a_site_job_process_killed_while_its_client_runs_ends_the_job_and_a_resu
     _, status = dep.run_job(with_workflow_args(job, dep.root / "after_job_died", resume=True), timeout=240)
     assert status == "FINISHED:COMPLETED"
     assert [h["sites"] for h in server_state(dep, "job_died")["history"]] == [sorted(dep.kits.sites)] * 2
+
+
+@pytest.mark.e2e
+def test_a_site_frozen_mid_round_is_left_out_and_the_job_still_ends(deployment):
+    """kill -STOP of a site's job process in round 0: the round ends at its deadline without it, the job
+    completes its rounds and ends once FLARE stops waiting for that site's report (client_outcome_wait_timeout,
+    60 s here), and FLARE's clean-up kills the frozen process; the deployment takes the next job."""
+    dep = deployment
+    frozen_site = dep.kits.sites[2]
+    job = with_workflow_args(tiny_job(dep.root, "site_frozen", num_rounds=2), dep.root / "frozen", min_task_timeout=20.0)
+    job_id = dep.sess.submit_job(str(job))
+    wait_for(lambda: "round 1/2: sending" in server_log(dep, job_id), 180, "round 1 to start")
+    client = psutil.Process(dep.procs.procs[frozen_site].pid)
+    worker = next(p for p in client.children(recursive=True) if "nvflare.private.fed.app.client.worker_process" in p.cmdline())
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: dep.sess.get_job_meta(job_id).get("status", "").startswith("FINISHED"), 400, "the job to end")
+        assert dep.sess.get_job_meta(job_id)["status"] == "FINISHED:COMPLETED"
+        wait_for(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE, 120, "the frozen process to be killed")
+    finally:
+        if worker.is_running():
+            worker.send_signal(signal.SIGCONT)
+    state = server_state(dep, "site_frozen")
+    kept = sorted(s for s in dep.kits.sites if s != frozen_site)
+    assert state["next_round"] == 2 and state["history"][-1]["sites"] == kept  # (round 0 may have been done already)
+    assert f": no result from {frozen_site}: no result within the deadline" in job_log(dep, job_id)
 
 
 @pytest.mark.e2e

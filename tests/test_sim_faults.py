@@ -142,12 +142,12 @@ def test_a_site_killed_during_prepare_is_left_out_at_once_and_a_frozen_site_does
     out = log.read_text(errors="replace")
     assert "site-3 cannot take part in this run: no answer to prepare: its simulator process ended without an answer" in out
     assert "only 2 of 3 sites prepared" not in out and "round 1/2: sending each of 2 sites" in out
-    assert "round 0: no result from site-2: no result within the deadline" in out
+    assert ": no result from site-2: no result within the deadline" in out  # round 0, or 1 if it was that quick
     assert re.search(r"site-2: its simulator process \d+ is stopped \(kill -STOP\?\); killed it so the simulator can exit", out), out[
         -3000:
     ]
     state = load(tmp_path / "ws.state/server/derm_prr/server_state.pt")
-    assert [h["sites"] for h in state["history"]] == [["site-1"], ["site-1"]]
+    assert state["next_round"] == 2 and state["history"][-1]["sites"] == ["site-1"]
 
 
 def test_a_second_job_on_a_busy_workspace_is_refused_in_one_line_naming_the_first_run(tmp_path):

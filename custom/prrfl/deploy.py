@@ -337,7 +337,11 @@ class Deployment:
 
     def __init__(self, kits: Kits, env: dict[str, str] | None = None):
         self.kits = kits
-        self.procs = Processes({**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
+        # a site whose job process hangs or is frozen never reports the job's end; FLARE finalizes the job
+        # without that report after client_outcome_wait_timeout (its default 900 s) and its heartbeat clean-up
+        # then kills the process: 120 s here, unless the environment says otherwise
+        defaults = {"NVFLARE_CLIENT_OUTCOME_WAIT_TIMEOUT": "120"}
+        self.procs = Processes({**defaults, **os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
         self.sess = None
         self.site_started: dict[str, float] = {}
 
