@@ -136,6 +136,15 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PRRFL_CACHE", str(tmp_path_factory.getbasetemp() / "prrfl_cache"))
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test starts with torch on one thread, whatever the test before it set (a site's start-up sets
+    CPU cores / sites): float32 results depend on the thread count, so a test must not inherit another's."""
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(1)
+
+
 def make_runtime(task: TinyTask, tmp_path, site: str = "A", run_id: str = "run", **cfg_overrides):
     from prrfl.config import RunConfig
     from prrfl.registry import build_method
