@@ -10,16 +10,13 @@ stops with the saved state of the last completed round.
 
 from __future__ import annotations
 
-import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.app_opt.pt.decomposers import TensorDecomposer
 from nvflare.fuel.utils import fobs
 from nvflare.fuel.utils.memory_utils import cleanup_memory
@@ -27,7 +24,8 @@ from nvflare.fuel.utils.memory_utils import cleanup_memory
 from prrfl.config import ConfigError, RunConfig
 from prrfl.flare import places
 from prrfl.flare import protocol as P
-from prrfl.flare.liveness import AUTO, Deadline, WorkerWatch, release_lost_workers
+from prrfl.flare.components.controller import PerClientController
+from prrfl.flare.liveness import AUTO, Deadline
 from prrfl.flare.places import RunLock, WorkspaceBusy
 from prrfl.flare.tracking import publish_cohorts, send_scalars
 from prrfl.flare.validation import NORM_HISTORY, norm_outliers, update_norm, upload_problem
@@ -58,16 +56,7 @@ def resume_problem(saved: dict[str, Any], requested: dict[str, Any], next_round:
     return None
 
 
-@dataclass
-class Answers:
-    """What came back for one task sent to several sites."""
-
-    results: dict[str, FLModel] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)  # send -> result, per site that answered
-    missing: dict[str, str] = field(default_factory=dict)  # site -> why nothing came back
-
-
-class PersonalizedWorkflow(ModelController):
+class PersonalizedWorkflow(PerClientController):
     def __init__(
         self,
         config: dict[str, Any],
@@ -89,7 +78,7 @@ class PersonalizedWorkflow(ModelController):
         task_timeout_factor, estimate_timeout_factor: the per-round deadline (prrfl.flare.liveness.Deadline).
         memory_gc_rounds: every this many rounds, FLARE's cleanup_memory (gc.collect + malloc_trim) returns
         freed memory to the system (0: never)."""
-        super().__init__(persistor_id="", ignore_result_error=True)  # a failed site must not end the job
+        super().__init__(persistor_id="")  # a failed site does not end the job (PerClientController)
         # attributes named like the arguments: FLARE's job export reads them back into the config
         self.config = config
         self.resume = resume
@@ -106,7 +95,6 @@ class PersonalizedWorkflow(ModelController):
             raise ValueError(f"workflow argument 'resume' must be false, true or \"auto\", got {resume!r}")
         self.deadline = Deadline(task_timeout, first_task_timeout, min_task_timeout, task_timeout_factor, estimate_timeout_factor)
         self.cfg = validate_config(config)  # every field and method option, before any site is asked
-        self.lost: dict[str, int] = {}  # sites that missed a deadline in this job -> the round
 
     # ----- main loop -------------------------------------------------------------------
     def run(self) -> None:
@@ -133,9 +121,7 @@ class PersonalizedWorkflow(ModelController):
             self._run(state_dir, lock)
         finally:
             lock.release()
-            if places.in_simulator(job_id) and self.lost:
-                for line in release_lost_workers(self.lost):
-                    self.warning(line)
+            self.release_lost()
 
     def _run(self, state_dir: Path, lock: RunLock) -> None:
         cfg = self.cfg
@@ -184,7 +170,7 @@ class PersonalizedWorkflow(ModelController):
                 f"round {round_idx + 1}/{cfg.num_rounds}: sending each of {len(sites)} sites its own model; "
                 f"deadline {self.deadline.explain(observed, estimates)}"
             )
-            answers = self._send_each(
+            answers = self.send_each(
                 P.TASK_TRAIN,
                 {s: P.download_to_model(state["downloads"][s], common, round_idx, cfg.num_rounds) for s in sites},
                 self.deadline.seconds(observed, estimates),
@@ -317,7 +303,7 @@ class PersonalizedWorkflow(ModelController):
         run_id = uuid.uuid4().hex[:12]
         self.info(f"new run {run_id}: asking {len(sites)} sites to prepare their data; deadline {self.deadline.explain([])}")
         common = {P.CONFIG: cfg.to_dict(), P.RUN_ID: run_id, P.NUM_SITES: len(sites)}
-        answers = self._send_each(
+        answers = self.send_each(
             P.TASK_PREPARE,
             {s: FLModel(params_type=ParamsType.FULL, params={}, meta=common) for s in sites},
             self.deadline.seconds([]),
@@ -383,52 +369,6 @@ class PersonalizedWorkflow(ModelController):
             "summaries": {},
             "history": [],
         }
-
-    # ----- messaging -------------------------------------------------------------------
-    def _send_each(self, task_name: str, models: dict[str, FLModel], deadline: float | None, round_idx: int | None) -> Answers:
-        """One task per site (each gets its own model). Waits until every site answered, the deadline
-        passed, or only sites that FLARE reports dead or that were lost earlier in this job are left:
-        those get their task and count if they answer while the others work, but are not waited for
-        (unless every site was lost)."""
-        answers = Answers()
-        sent = time.time()
-
-        def collect(result: FLModel) -> None:
-            site = result.meta["client_name"]
-            answers.results[site] = result
-            answers.seconds[site] = time.time() - sent
-
-        # the sites waited for: all but those lost earlier, unless every site was lost
-        expected = (set(models) - set(self.lost)) or set(models)
-        watch = WorkerWatch() if places.in_simulator(self.fl_ctx.get_job_id() if self.fl_ctx else None) else None
-        ended: set[str] = set()  # simulator sites whose process ended without an answer
-        for site, model in models.items():
-            self.send_model(task_name, model, targets=[site], callback=collect)
-        while self.get_num_standing_tasks() and not self.abort_signal.triggered:
-            if watch is not None:
-                ended = watch.gone(set(models) - set(answers.results))
-            waiting = {s for s in expected - set(answers.results) - ended if not self.get_client_disconnect_time(s)}
-            if not waiting or (deadline is not None and time.time() - sent > deadline):
-                break
-            time.sleep(0.2)
-        if self.get_num_standing_tasks():
-            self.cancel_all_tasks()  # late results are dropped by FLARE
-        elapsed = time.time() - sent
-        for site in sorted(set(models) - set(answers.results)):
-            if site in ended:
-                answers.missing[site] = "its simulator process ended without an answer (killed or crashed)"
-            elif self.get_client_disconnect_time(site):
-                answers.missing[site] = "FLARE reports it disconnected (its job process or its heartbeat is gone)"
-            elif site in self.lost:
-                answers.missing[site] = f"silent since round {self.lost[site]}, not waited for beyond the others"
-            else:
-                answers.missing[site] = f"no result within the deadline ({elapsed:.0f} s)"
-            if round_idx is not None:
-                self.lost.setdefault(site, round_idx)
-        for site in answers.results:
-            if self.lost.pop(site, None) is not None:
-                self.info(f"{site} answers again")
-        return answers
 
     # ----- reporting -------------------------------------------------------------------
     def _log_round(self, round_idx: int, summaries: dict[str, Any], metric: str) -> None:
