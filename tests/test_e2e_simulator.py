@@ -188,7 +188,7 @@ def test_tensorboard_runs_are_named_by_cohort_and_the_server_writes_the_federati
     assert fed["retrogress/f1_drop"] == {1: pytest.approx(drop, abs=1e-4)}
 
 
-BAD_SITE_SCRIPT = '''"""A site whose every upload is malformed, one way per round, and that fails in its fourth round."""
+BAD_SITE_SCRIPT = '''"""A site whose first upload holds a NaN weight and that fails in its second round."""
 import math
 
 from prrfl.flare import protocol as P
@@ -198,43 +198,16 @@ honest, sent = P.upload_to_model, []
 
 
 def malformed(*args):
-    if len(sent) == 3:
-        sent.append("error")
-        raise RuntimeError("a site failure in round 3")
+    sent.append(len(sent))
+    if len(sent) == 2:
+        raise RuntimeError("a site failure in round 1")
     model = honest(*args)
-    kind = len(sent) % 3
-    if kind == 0:  # a NaN weight
-        key = sorted(model.params)[0]
-        model.params[key] = model.params[key].clone().fill_(math.nan)
-    elif kind == 1:  # prototypes for one class too few
-        model.meta["method"]["prototypes"] = model.meta["method"]["prototypes"][:-1]
-    else:  # negative class counts
-        model.meta["class_counts"] = [-c for c in model.meta["class_counts"]]
-    sent.append(kind)
+    key = sorted(model.params)[0]
+    model.params[key] = model.params[key].clone().fill_(math.nan)
     return model
 
 
 P.upload_to_model = malformed
-
-if __name__ == "__main__":
-    main()
-'''
-
-
-HUGE_SITE_SCRIPT = '''"""A site whose every update is scaled by 1e4: finite, well-formed, and large enough to swamp an average."""
-from prrfl.flare import protocol as P
-from prrfl.flare.site_app import main
-
-honest = P.upload_to_model
-
-
-def huge(*args):
-    model = honest(*args)
-    model.params = {k: v * 1e4 if v.is_floating_point() else v for k, v in model.params.items()}
-    return model
-
-
-P.upload_to_model = huge
 
 if __name__ == "__main__":
     main()
@@ -252,47 +225,25 @@ def with_bad_site(job: Path, script: str, site: str = "site-2", sites: int = 2) 
     return job
 
 
-def test_malformed_uploads_are_rejected_and_the_others_aggregated(tmp_path):
-    job = with_bad_site(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=4, min_sites=1)), BAD_SITE_SCRIPT)
+def test_a_nan_upload_and_a_site_failure_travel_through_flare_and_leave_the_site_out(tmp_path):
+    """Through FLARE's messages: a NaN weight arrives as NaN and is refused, a site's exception arrives as its
+    error; the other site is aggregated every round. (Every rejection rule: tests/test_federation.py.)"""
+    job = with_bad_site(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(min_sites=1)), BAD_SITE_SCRIPT)
 
     proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    for round_idx, reason in enumerate(
-        ("holds NaN or Inf", "prototypes must have one row per class (3)", "class_counts must be 3 non-negative integers")
-    ):
-        lines = [line for line in out.splitlines() if f"round {round_idx}: rejected the upload of site-2: " in line]
-        assert lines and reason in lines[0], (round_idx, reason, lines)
+    assert "round 0: rejected the upload of site-2: parameter " in out and " holds NaN or Inf" in out
+    assert "round 1: site-2 failed: RuntimeError: a site failure in round 1; it keeps its previous download" in out
     state = torch.load(tmp_path / "ws.state/server/derm_prr/server_state.pt", weights_only=False)
-    assert "round 3: site-2 failed: RuntimeError: a site failure in round 3; it keeps its previous download" in out
-    assert [h["sites"] for h in state["history"]] == [["site-1"]] * 4  # aggregated without it, never crashed
+    assert [h["sites"] for h in state["history"]] == [["site-1"]] * 2  # aggregated without it, never crashed
+    assert [h["rejected"] for h in state["history"]][0].keys() == {"site-2"}
     for site, download in state["downloads"].items():
         assert all(torch.isfinite(v).all() for v in download.params.values() if v.is_floating_point()), site
     server = json.loads((tmp_path / "ws/server/simulate_job/results.json").read_text())
-    assert server["sites"]["site-2"]["participation"] == {"rounds": 4, "aggregated": [], "missed": [0, 1, 2, 3], "stale": True}
+    assert server["sites"]["site-2"]["participation"] == {"rounds": 2, "aggregated": [], "missed": [0, 1], "stale": True}
     assert "best" not in server["sites"]["site-2"]  # no upload of it was used: no numbers, only the mark
-    assert server["sites"]["site-1"]["participation"]["aggregated"] == [0, 1, 2, 3]
-
-
-def test_a_finite_but_huge_update_is_rejected_with_two_sites(tmp_path):
-    """2 sites, one scales its update by 1e4 every round: the round's rule (from 2 uploads) refuses the larger;
-    min_sites 1 lets the honest site go on, and its model is never poisoned."""
-    cfg = tiny_derm_config(method="fedavg", run_name="derm_fedavg", method_args={}, min_sites=1)
-    job = with_bad_site(export_job("derm_fedavg", tmp_path / "jobs", cfg=cfg), HUGE_SITE_SCRIPT, site="site-2", sites=2)
-
-    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    for round_idx in (0, 1):
-        lines = [line for line in out.splitlines() if f"round {round_idx}: rejected the upload of site-2: its update norm" in line]
-        assert lines and "x the round's median" in lines[0] and "update_norm_ratio=10" in lines[0], (round_idx, lines)
-        ratio = float(lines[0].split(" is ")[1].split(" x ")[0])
-        assert 1e3 < ratio < 1e5, lines[0]  # about the 1e4 the site scales by
-    state = torch.load(tmp_path / "ws.state/server/derm_fedavg/server_state.pt", weights_only=False)
-    assert [h["sites"] for h in state["history"]] == [["site-1"], ["site-1"]]
-    assert [len(norms) for norms in state["update_norms"].values()] == [2] and list(state["update_norms"]) == ["site-1"]
-    weights = state["downloads"]["site-1"].params
-    assert max(float(v.abs().max()) for v in weights.values() if v.is_floating_point()) < 1e3  # not poisoned
+    assert server["sites"]["site-1"]["participation"]["aggregated"] == [0, 1]
 
 
 def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):
@@ -306,17 +257,6 @@ def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):
     assert "rejected the upload" not in out
     state = torch.load(tmp_path / "ws.state/server/derm_prr/server_state.pt", weights_only=False)
     assert [h["sites"] for h in state["history"]] == [["site-1", "site-2"]] * 2
-
-
-def test_a_round_with_fewer_than_min_sites_usable_uploads_stops_the_job_and_keeps_the_state(tmp_path):
-    """Default min_sites ("majority") of 2 sites is 2: site-2's malformed upload leaves 1 in round 0."""
-    job = with_bad_site(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config()), BAD_SITE_SCRIPT)
-    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out[-4000:]
-    assert "round 0: only 1 of 2 sites sent a usable upload (left out: ['site-2']), fewer than min_sites=majority (2)" in out
-    state = torch.load(tmp_path / "ws.state/server/derm_prr/server_state.pt", weights_only=False)
-    assert state["next_round"] == 0  # the state before the failed round, ready for a resume
 
 
 @pytest.mark.parametrize("store", ["sqlite", "file"])

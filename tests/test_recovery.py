@@ -12,6 +12,7 @@ import torch
 from conftest import make_runtime, tiny_derm_config
 from test_site_loop import initial_download, next_download
 
+from prrfl.federation import ServerState
 from prrfl.flare import places
 from prrfl.flare.liveness import Deadline
 from prrfl.flare.site_app import build_runtime
@@ -114,7 +115,10 @@ def workflow(**args) -> PersonalizedWorkflow:
 
 
 def saved_state(next_round: int) -> dict:
-    return {"run_id": f"r{next_round}", "config": tiny_derm_config().to_dict(), "next_round": next_round, "history": []}
+    """A server state as saved (a plain dict, ServerState.to_dict)."""
+    return ServerState(
+        run_id=f"r{next_round}", config=tiny_derm_config().to_dict(), global_counts=[], site_counts={}, downloads={}, next_round=next_round
+    ).to_dict()
 
 
 def test_resume_modes(tmp_path, caplog):
@@ -125,8 +129,8 @@ def test_resume_modes(tmp_path, caplog):
     assert workflow(resume="auto")._load_state(state_dir) is None
     assert "resume=auto: no saved state" in caplog.text
     save_torch(saved_state(1), state_dir / STATE_FILE)
-    assert workflow(resume="auto")._load_state(state_dir)["run_id"] == "r1"
-    assert workflow(resume=True)._load_state(state_dir)["run_id"] == "r1"
+    assert workflow(resume="auto")._load_state(state_dir).run_id == "r1"
+    assert workflow(resume=True)._load_state(state_dir).run_id == "r1"
     assert workflow(resume=False)._load_state(state_dir) is None  # a new run as asked...
     assert not state_dir.exists()
     aside = list(tmp_path.glob("derm_prr.replaced-*"))  # ...and the old one kept, with a warning
@@ -155,12 +159,12 @@ def test_a_new_run_sets_the_earlier_runs_folder_aside_keeping_the_latest_only(tm
 
 def test_an_unreadable_server_state_falls_back_to_the_previous_round(tmp_path, caplog):
     wf = workflow(resume=True)
-    wf._save_state(saved_state(1), tmp_path)
-    wf._save_state(saved_state(2), tmp_path)
+    wf._save_state(ServerState.from_dict(saved_state(1)), tmp_path)
+    wf._save_state(ServerState.from_dict(saved_state(2)), tmp_path)
     truncate(tmp_path / STATE_FILE)
     with caplog.at_level(logging.WARNING):
         state = wf._load_state(tmp_path)
-    assert state["next_round"] == 1  # round 1 is trained again
+    assert state.next_round == 1  # round 1 is trained again
     assert "round 1 is trained again" in caplog.text
     assert list(tmp_path.glob(f"{STATE_FILE}.corrupt-*"))
     truncate(tmp_path / PREVIOUS_STATE_FILE)

@@ -32,3 +32,44 @@ class Download:
 
     params: StateDict
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PrepareReply:
+    """A site's answer to `prepare`: its cohort and training statistics, where its data and state are, the
+    settings it read, and its own estimate of a round's seconds (for the first round's deadline)."""
+
+    cohort: str
+    num_train: int
+    class_counts: list[int]
+    state_dir: str
+    data_root: str | None = None  # None: the embedded synthetic federation
+    settings: dict[str, Any] = field(default_factory=dict)  # prrfl.flare.site_config.SettingsReport.to_meta()
+    round_estimate_s: float | None = None
+
+    def to_meta(self) -> dict[str, Any]:
+        return {
+            "cohort": self.cohort,
+            "num_train": self.num_train,
+            "class_counts": self.class_counts,
+            "data_root": self.data_root,
+            "state_dir": self.state_dir,
+            "settings": self.settings,
+            "round_estimate_s": self.round_estimate_s,
+        }
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> PrepareReply:
+        """From a result's meta as it arrived; values the server must check (counts) are taken as they are,
+        and an estimate that is not a positive finite number is dropped."""
+        estimate = meta.get("round_estimate_s")
+        usable = isinstance(estimate, (int, float)) and not isinstance(estimate, bool) and 0 < estimate < float("inf")
+        return cls(
+            cohort=str(meta.get("cohort") or ""),
+            num_train=meta.get("num_train"),
+            class_counts=meta.get("class_counts"),
+            state_dir=str(meta.get("state_dir")),
+            data_root=meta.get("data_root") or None,
+            settings=meta.get("settings") or {},
+            round_estimate_s=float(estimate) if usable else None,
+        )

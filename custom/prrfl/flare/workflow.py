@@ -1,8 +1,9 @@
 """Server workflow: one personalized download per site per round, with persisted state.
 
-Each round the workflow sends every site ITS OWN model (a separate task per site), waits until every
-site answered or the round's deadline passed (prrfl.flare.liveness), checks the uploads, lets the method
-aggregate them into one download per site, and writes its whole state atomically, so a re-submitted job
+Each round the workflow sends every site ITS OWN model (a separate task per site, through
+prrfl.flare.components.PerClientController), waits until every site answered or the round's deadline passed
+(prrfl.flare.liveness), hands the answers to the round's pure logic (prrfl.federation.Federation: upload checks,
+the method's aggregation, the next state and a typed round summary), and writes the state atomically, so a re-submitted job
 with resume continues from the last completed round. A round goes on without the sites that failed,
 did not answer in time or that FLARE reports dead, as long as `min_sites` answered; otherwise the job
 stops with the saved state of the last completed round.
@@ -10,34 +11,27 @@ stops with the saved state of the last completed round.
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
-import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_opt.pt.decomposers import TensorDecomposer
 from nvflare.fuel.utils import fobs
 from nvflare.fuel.utils.memory_utils import cleanup_memory
 
-from prrfl.config import ConfigError, RunConfig
+from prrfl.config import ConfigError
+from prrfl.federation import Event, Federation, RoundAnswers, ServerState, new_run_id
 from prrfl.flare import places
 from prrfl.flare import protocol as P
-from prrfl.flare.components.controller import PerClientController
+from prrfl.flare.components.controller import Answers, PerClientController
 from prrfl.flare.liveness import AUTO, Deadline
 from prrfl.flare.places import RunLock, WorkspaceBusy
 from prrfl.flare.tracking import publish_cohorts, send_scalars
-from prrfl.flare.validation import NORM_HISTORY, norm_outliers, update_norm, upload_problem
-from prrfl.messages import Download
+from prrfl.messages import PrepareReply
 from prrfl.metrics import nanmean
 from prrfl.registry import build_method, build_task, validate_config
-from prrfl.report import participation, results_table
 from prrfl.storage import load_torch, save_json, save_text, save_torch, save_torch_keeping_previous, set_aside
-
-if TYPE_CHECKING:
-    from prrfl.methods.base import Method
-    from prrfl.tasks.base import Task
 
 STATE_FILE = "server_state.pt"
 PREVIOUS_STATE_FILE = "server_state.previous.pt"
@@ -127,6 +121,7 @@ class PersonalizedWorkflow(PerClientController):
         cfg = self.cfg
         task = build_task(cfg)
         method = build_method(cfg, task)
+        federation = Federation(cfg, task, method)
         clients = sorted(c.name for c in self.engine.get_clients())
         try:  # a job that cannot start says why, in one line, before any site trains
             state = self._load_state(state_dir)
@@ -134,95 +129,56 @@ class PersonalizedWorkflow(PerClientController):
             self.panic(f"the job cannot start: {e}")
             return
         if state is None:
-            state = self._new_state(cfg, task, method, clients)
+            state = self._new_state(federation, clients)
             if state is None:
                 return
             try:
-                save_torch(state, state_dir / STATE_FILE)
+                save_torch(state.to_dict(), state_dir / STATE_FILE)
             except OSError as e:
                 self.panic(f"the job cannot start: cannot save the server's state: {e}")
                 return
-        lock.update(run_id=state["run_id"])
+        lock.update(run_id=state.run_id)
         # the sites that prepared their data at the run's start and take part in this job
-        sites = sorted(set(state["site_counts"]) & set(clients))
-        publish_cohorts(self.fl_ctx, state.get("cohorts", {}))  # the tracking runs are named by cohort
-        absent = sorted(set(state["site_counts"]) - set(clients))
+        sites = sorted(set(state.site_counts) & set(clients))
+        publish_cohorts(self.fl_ctx, state.cohorts)  # the tracking runs are named by cohort
+        absent = sorted(set(state.site_counts) - set(clients))
         if absent:
-            self.warning(f"sites of run {state['run_id']} not in this job: {absent}; they keep their last download")
+            self.warning(f"sites of run {state.run_id} not in this job: {absent}; they keep their last download")
         try:
-            min_sites = cfg.required_sites(len(state["site_counts"]))
+            cfg.required_sites(len(state.site_counts))
         except ConfigError as e:
             self.panic(f"the job cannot go on: {e}")
             return
-        torch.manual_seed(cfg.seed)
-        model = method.build_model()
-        reference = {k: v for k, v in model.state_dict().items() if k in set(method.shared_keys(model))}
-        common = {P.CONFIG: cfg.to_dict(), P.RUN_ID: state["run_id"], P.NUM_SITES: len(sites), P.GLOBAL_COUNTS: state["global_counts"]}
-        if state["next_round"] >= cfg.num_rounds:
-            self.info(f"run {state['run_id']} has completed all {cfg.num_rounds} rounds; nothing to train (raise num_rounds to extend it)")
+        federation.reference()  # built from the run's seed before the first round, as the initial model
+        common = {P.CONFIG: cfg.to_dict(), P.RUN_ID: state.run_id, P.NUM_SITES: len(sites), P.GLOBAL_COUNTS: state.global_counts}
+        if state.next_round >= cfg.num_rounds:
+            self.info(f"run {state.run_id} has completed all {cfg.num_rounds} rounds; nothing to train (raise num_rounds to extend it)")
 
-        for round_idx in range(state["next_round"], cfg.num_rounds):
+        for round_idx in range(state.next_round, cfg.num_rounds):
             if self.abort_signal.triggered:
                 return
-            observed = [s for h in state["history"] for s in h.get("seconds", {}).values()]
-            estimates = list(state.get("round_estimates", {}).values())
+            observed, estimates = state.observed_seconds(), list(state.round_estimates.values())
             self.info(
                 f"round {round_idx + 1}/{cfg.num_rounds}: sending each of {len(sites)} sites its own model; "
                 f"deadline {self.deadline.explain(observed, estimates)}"
             )
             answers = self.send_each(
                 P.TASK_TRAIN,
-                {s: P.download_to_model(state["downloads"][s], common, round_idx, cfg.num_rounds) for s in sites},
+                {s: P.download_to_model(state.downloads[s], common, round_idx, cfg.num_rounds) for s in sites},
                 self.deadline.seconds(observed, estimates),
                 round_idx,
             )
             if self.abort_signal.triggered:
                 return
-            checked = {}
-            for site, why in sorted(answers.missing.items()):
-                self.warning(f"round {round_idx}: no result from {site}: {why}; it keeps its previous download")
-            for site in sorted(answers.results):
-                result = answers.results[site]
-                if (result.meta or {}).get(P.ERROR):
-                    self.error(f"round {round_idx}: {site} failed: {result.meta[P.ERROR]}; it keeps its previous download")
-                    continue
-                upload = P.model_to_upload(site, result)
-                problem = upload_problem(upload, reference, task)  # on the difference, before use
-                if problem:
-                    self.error(f"round {round_idx}: rejected the upload of {site}: {problem}")
-                    continue
-                checked[site] = upload
-            norms = {site: update_norm(upload.params) for site, upload in checked.items()}
-            self.info(f"round {round_idx}: update norms " + ", ".join(f"{s} {n:.3g}" for s, n in norms.items()))
-            accepted_norms = state.setdefault("update_norms", {})  # each site's accepted norms, for its own rule
-            for site, problem in sorted(norm_outliers(norms, cfg.update_norm_ratio, accepted_norms, cfg.update_norm_max).items()):
-                self.error(f"round {round_idx}: rejected the upload of {site}: {problem}")
-                del checked[site]
-            uploads = [P.add_to_sent(upload, state["downloads"][site].params) for site, upload in checked.items()]
-            summaries = {site: (answers.results[site].meta or {}).get("summary", {}) for site in checked}
-            if len(uploads) < min_sites:
-                left_out = sorted(set(sites) - {u.site for u in uploads})
+            outcome = federation.round(state, round_idx, round_answers(answers))
+            self._log(outcome.events)
+            if outcome.stop:
                 self.panic(
-                    f"round {round_idx}: only {len(uploads)} of {len(sites)} sites sent a usable upload (left out: {left_out}), "
-                    f"fewer than min_sites={cfg.min_sites} ({min_sites}); the job stops. The state after the last completed "
-                    f"round is in {state_dir}: bring the sites back and re-submit the job with resume"
+                    f"{outcome.stop}. The state after the last completed round is in {state_dir}: bring the sites back "
+                    "and re-submit the job with resume"
                 )
                 return
-            for site in checked:
-                accepted_norms[site] = [*accepted_norms.get(site, []), norms[site]][-NORM_HISTORY:]
-            downloads = method.aggregate(uploads, round_idx, state["method_memory"])
-            state["downloads"].update(downloads)
-            state["summaries"].update(summaries)
-            state["history"].append(
-                {
-                    "round": round_idx,
-                    "sites": [u.site for u in uploads],
-                    "summaries": summaries,
-                    "seconds": {s: answers.seconds[s] for s in summaries},
-                    "missing": answers.missing,
-                }
-            )
-            state["next_round"] = round_idx + 1
+            state = outcome.state
             try:
                 self._save_state(state, state_dir)
             except OSError as e:  # e.g. prrfl.storage.DiskFullError: one line, the last saved round kept
@@ -232,10 +188,15 @@ class PersonalizedWorkflow(PerClientController):
                 return
             if self.memory_gc_rounds and (round_idx + 1) % self.memory_gc_rounds == 0:
                 cleanup_memory()
+            summaries = outcome.summary.summaries
             self._log_round(round_idx, summaries, task.primary_metric)
-            self._track_round(round_idx, summaries, method.server_scalars(downloads), task.primary_metric)
+            self._track_round(round_idx, summaries, method.server_scalars(outcome.downloads), task.primary_metric)
 
-        self._finish(state, state_dir, task, method)
+        self._finish(federation, state, state_dir)
+
+    def _log(self, events: list[Event]) -> None:
+        for level, text in events:
+            getattr(self, level)(text)
 
     # ----- setup -----------------------------------------------------------------------
     def _state_dir(self) -> Path:
@@ -268,7 +229,7 @@ class PersonalizedWorkflow(PerClientController):
             )
             return state
 
-    def _load_state(self, state_dir: Path) -> dict[str, Any] | None:
+    def _load_state(self, state_dir: Path) -> ServerState | None:
         """The saved state to continue, or None for a new run (resume rules: see __init__)."""
         path = state_dir / STATE_FILE
         if not self.resume:
@@ -293,14 +254,16 @@ class PersonalizedWorkflow(PerClientController):
             raise ValueError(f"cannot resume from {path}: {problem}")
         state["config"] = self.cfg.to_dict()
         self.info(f"resuming run {state['run_id']} from {path} at round {state['next_round']}")
-        return state
+        return ServerState.from_dict(state)
 
-    def _save_state(self, state: dict[str, Any], state_dir: Path) -> None:
+    def _save_state(self, state: ServerState, state_dir: Path) -> None:
         """Atomically, keeping the previous round's state as the fallback for an unreadable file."""
-        save_torch_keeping_previous(state, state_dir / STATE_FILE, state_dir / PREVIOUS_STATE_FILE)
+        save_torch_keeping_previous(state.to_dict(), state_dir / STATE_FILE, state_dir / PREVIOUS_STATE_FILE)
 
-    def _new_state(self, cfg: RunConfig, task: Task, method: Method, sites: list[str]) -> dict[str, Any] | None:
-        run_id = uuid.uuid4().hex[:12]
+    def _new_state(self, federation: Federation, sites: list[str]) -> ServerState | None:
+        """Ask every site to prepare its data; the run's first state, or None after a panic."""
+        cfg = self.cfg
+        run_id = new_run_id()
         self.info(f"new run {run_id}: asking {len(sites)} sites to prepare their data; deadline {self.deadline.explain([])}")
         common = {P.CONFIG: cfg.to_dict(), P.RUN_ID: run_id, P.NUM_SITES: len(sites)}
         answers = self.send_each(
@@ -311,64 +274,18 @@ class PersonalizedWorkflow(PerClientController):
         )
         if self.abort_signal.triggered:
             return None
-        counts, cohorts, estimates, synthetic, per_site_files = {}, {}, {}, [], set()
-        for site, why in sorted(answers.missing.items()):
-            self.error(f"{site} cannot take part in this run: no answer to prepare: {why}")
-        for site in sorted(answers.results):
-            meta = answers.results[site].meta or {}
+        replies, failed = {}, {}
+        for site, result in answers.results.items():
+            meta = result.meta or {}
             if meta.get(P.ERROR):
-                self.error(f"{site} cannot take part in this run: {meta[P.ERROR]}")
-                continue
-            problem = task.stats_problem(meta.get("num_train"), meta.get("class_counts"))
-            if problem:
-                self.warning(f"{site} did not report usable statistics ({problem}); it is left out of this run")
-                continue
-            counts[site] = meta["class_counts"]
-            cohorts[site] = str(meta.get("cohort") or site)
-            estimate = meta.get("round_estimate_s")
-            if isinstance(estimate, (int, float)) and 0 < estimate < float("inf"):
-                estimates[site] = float(estimate)
-            settings = meta.get("settings") or {}
-            per_site_files |= set(settings.get("per_site_files", []))
-            for note in settings.get("notes", []):
-                self.warning(f"{site}: {note}")
-            source = meta.get("data_root") or "the embedded synthetic federation"
-            if not meta.get("data_root"):
-                synthetic.append(site)
-            self.info(
-                f"{site} ({meta.get('cohort')}): {meta['num_train']} training {task.sample_noun} from {source}, class counts "
-                f"{counts[site]}; settings {settings.get('used') or 'none (defaults)'}; state in {meta.get('state_dir')}; "
-                f"estimated {estimates.get(site, float('nan')):.1f} s per round"
-            )
-        for name in sorted(per_site_files - set(sites)):
-            self.warning(f"local/prrfl_site.{name}.json is not used: no site of this job is named '{name}' (sites: {sites})")
-        if synthetic:
-            self.warning(f"sites training on the embedded synthetic federation (no data_root in their settings): {synthetic}")
-        try:
-            min_sites = cfg.required_sites(len(sites))
-        except ConfigError as e:
-            self.panic(f"the job cannot start: {e}")
-            return None
-        if len(counts) < min_sites:
-            self.panic(f"only {len(counts)} of {len(sites)} sites prepared their data, fewer than min_sites={cfg.min_sites} ({min_sites})")
-            return None
-        global_counts = [sum(c[i] for c in counts.values()) for i in range(task.num_classes)]
-        self.info(f"global class counts {dict(zip(task.class_names, global_counts))}")
-        torch.manual_seed(cfg.seed)  # the same initial model for every site, reproducible from the seed
-        initial = Download(params=method.build_model().state_dict())
-        return {
-            "run_id": run_id,
-            "config": cfg.to_dict(),
-            "next_round": 0,
-            "global_counts": global_counts,
-            "site_counts": counts,
-            "cohorts": cohorts,  # FLARE client -> the cohort (hospital) its data is
-            "round_estimates": estimates,  # each site's estimate of a round (s), for the first deadline
-            "downloads": {s: initial for s in counts},
-            "method_memory": {},
-            "summaries": {},
-            "history": [],
-        }
+                failed[site] = meta[P.ERROR]
+            else:
+                replies[site] = PrepareReply.from_meta(meta)
+        outcome = federation.start(replies, failed, answers.missing, sites, run_id)
+        self._log(outcome.events)
+        if outcome.stop:
+            self.panic(outcome.stop)
+        return outcome.state
 
     # ----- reporting -------------------------------------------------------------------
     def _log_round(self, round_idx: int, summaries: dict[str, Any], metric: str) -> None:
@@ -401,18 +318,27 @@ class PersonalizedWorkflow(PerClientController):
         send_scalars(self, self.fl_ctx, at_start, start)
         send_scalars(self, self.fl_ctx, at_end, end)
 
-    def _finish(self, state: dict[str, Any], state_dir: Path, task: Task, method: Method) -> None:
-        rounds = participation(state["history"], list(state["site_counts"]))
-        sites = {s: {**state["summaries"].get(s, {}), "participation": rounds[s]} for s in state["site_counts"]}
-        results = {"run_id": state["run_id"], "config": state["config"], "sites": sites, "global_model": None}
-        if state["history"]:  # the method's global model after the last round (prrfl.crosseval evaluates it)
-            last = state["history"][-1]
-            params = method.global_params({s: state["downloads"][s] for s in last["sites"]})
-            if params is not None:
-                save_torch(params, state_dir / GLOBAL_MODEL_FILE)
-                results["global_model"] = {"file": str(state_dir / GLOBAL_MODEL_FILE), "round": last["round"]}
-        table = results_table(sites, metrics=task.metric_names[:2])
+    def _finish(self, federation: Federation, state: ServerState, state_dir: Path) -> None:
+        results, global_params, table = federation.results(state)
+        if global_params is not None:  # the method's global model after the last round (prrfl.crosseval evaluates it)
+            save_torch(global_params, state_dir / GLOBAL_MODEL_FILE)
+            results["global_model"] = {"file": str(state_dir / GLOBAL_MODEL_FILE), "round": state.history[-1]["round"]}
         for folder in (state_dir, Path(self.get_run_dir())):
             save_json(results, folder / "results.json")
             save_text(table + "\n", folder / "results.md")
         self.info("per-site results of the personalized models (best round on validation):\n" + table)
+
+
+def round_answers(answers: Answers) -> RoundAnswers:
+    """The round's FLARE results as the federation's input: uploads (still differences), the sites' round
+    summaries and times, the errors sites reported, and the sites that did not answer."""
+    out = RoundAnswers(missing=dict(answers.missing))
+    for site, result in sorted(answers.results.items()):
+        meta = result.meta or {}
+        if meta.get(P.ERROR):
+            out.failed[site] = meta[P.ERROR]
+            continue
+        out.uploads[site] = P.model_to_upload(site, result)
+        out.summaries[site] = meta.get("summary", {})
+        out.seconds[site] = answers.seconds[site]
+    return out
