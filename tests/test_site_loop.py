@@ -17,7 +17,7 @@ COUNTS = [20, 20, 20]
 
 def initial_download(task) -> Download:
     torch.manual_seed(0)
-    return Download(params=task.build_model().state_dict(), meta={"round": 0, "global_class_counts": COUNTS})
+    return Download(params=task.build_model().state_dict(), round=0, global_class_counts=COUNTS)
 
 
 def next_download(upload, round_idx: int, shift: float = 0.0) -> Download:
@@ -25,9 +25,9 @@ def next_download(upload, round_idx: int, shift: float = 0.0) -> Download:
     protos = upload.meta["prototypes"]
     return Download(
         params=params,
+        round=round_idx,
+        global_class_counts=COUNTS,
         meta={
-            "round": round_idx,
-            "global_class_counts": COUNTS,
             "pfa_r": 0.4,
             "global_prototypes": protos,
             "global_prototype_present": upload.meta["prototype_present"],
@@ -60,7 +60,7 @@ def test_download_overwrites_only_the_deputys_shared_weights(tiny_task, tmp_path
     personal_before = as_numpy(site.models["personal"].state_dict())
     deputy_bn_before = as_numpy({k: v for k, v in site.models["deputy"].state_dict().items() if k.startswith("bn.")})
     download = next_download(upload, 1, shift=0.5)
-    site.method.on_download(site, download, first=False)
+    site.method.on_download(site.view(), download, first=False)
     deputy = site.models["deputy"].state_dict()
     for key, value in download.params.items():
         assert torch.equal(deputy[key], value)
