@@ -304,6 +304,8 @@ def test_prr_cpa_switches(tiny_task, tmp_path):
     upload = run_round(no_local, initial(tiny_task), 0)
     assert "prototypes" not in upload.meta and "prototypes" not in no_local.memory
     assert "global_prototypes" not in no_local.method.aggregate([upload], 0, {})["A"].meta
+    with pytest.raises(ValueError, match="needs the federation's class counts"):
+        site.method.on_download(site.view(), Download(params=initial(tiny_task).params), first=True)
 
 
 @pytest.mark.parametrize(

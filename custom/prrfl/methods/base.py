@@ -6,8 +6,10 @@ them (`build_model`, `build_optimizer`: one factory each, so a method may own a 
 heads), their losses on a batch, what happens at a download, before/after an epoch, and how the
 server turns the uploads into one download per site.
 A method whose local step is not one gradient step of a summed loss overrides `train_batch`.
-Whatever a method must remember at a site between rounds goes into `site.memory`, which the loop
-checkpoints with the models (site processes may be restarted for every task).
+The site-side hooks see the site through a `SiteView` (prrfl.site.view): its models, optimisers,
+memory, training data, evaluation and scalar log. Whatever a method must remember at a site between
+rounds goes into `site.memory`, which the loop checkpoints with the models (site processes may be
+restarted for every task).
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ class Method:
         pass its parent another one, as PRRFL does). They are the keyword parameters of each
         `__init__` up the class hierarchy, for as long as the constructors forward `**options` to
         their parent (FedProx -> FedAvg, PRRFL -> PRR); a subclass's parameter wins over its
-        parent's of the same name (IDA's weighting). A class that declares an `options_class` takes
-        that dataclass's fields, the last ones up the hierarchy. Read from the signatures and fields,
-        so that an option added to a method is validated without a list to keep in step."""
+        parent's of the same name (IDA's weighting). A class that declares an `options_class` (PRR)
+        contributes that dataclass's fields instead, and the walk ends there: its constructor builds
+        the dataclass rather than forwarding. Read from the signatures and fields, so that an option
+        added to a method is validated without a list to keep in step."""
         found: dict[str, inspect.Parameter] = {}
         for klass in cls.__mro__:
             if klass is Method:  # takes no option of its own

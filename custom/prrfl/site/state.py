@@ -129,7 +129,8 @@ class SiteRuntime:
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def view(self) -> SiteView:
-        """What the method's hooks see of this site (its current models, optimisers and memory)."""
+        """What the method's hooks see of this site: its current models, optimisers and memory (`restore`
+        replaces the memory, so a view is taken per round, after it)."""
         return SiteView(
             name=self.name,
             task=self.task,
