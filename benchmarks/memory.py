@@ -32,10 +32,11 @@ TINY = ["data.image_size=32", "data.synthetic_scale=0.02", "data.synthetic_raw_s
 
 
 def config(job: str, overrides: list[str]):
-    from prrfl.cli import apply_overrides, validated
+    from prrfl.config import apply_overrides
     from prrfl.flare.jobs import job_config
+    from prrfl.registry import validate_job
 
-    return validated(job, apply_overrides(job_config(job).to_dict(), overrides))
+    return validate_job(job, apply_overrides(job_config(job).to_dict(), overrides))
 
 
 def one_site(job: str, overrides: list[str], cohort: str, chunk: int) -> dict:
@@ -56,7 +57,7 @@ def one_site(job: str, overrides: list[str], cohort: str, chunk: int) -> dict:
     torch.manual_seed(cfg.seed)
     models = {role: method.build_model() for role in method.roles}
     # the first download as the workflow sends it: the initial model, the round, the federation's class counts
-    initial = Download(params=models[method.roles[0]].state_dict(), meta={"round": 0, "global_class_counts": data.class_counts})
+    initial = Download(params=models[method.roles[0]].state_dict(), round=0, global_class_counts=data.class_counts)
     with tempfile.TemporaryDirectory() as state:
         site = SiteRuntime(
             name="site",

@@ -108,7 +108,7 @@ def test_prr_prototypes_on_segmentation_are_masked_feature_averages(tiny_seg_tas
     site = make_runtime(tiny_seg_task, tmp_path, local_epochs=1)
     torch.manual_seed(0)
     counts = tiny_seg_task.load_site("A", torch.device("cpu")).class_counts
-    upload = run_round(site, Download(params=tiny_seg_task.build_model().state_dict(), meta={"round": 0, "global_class_counts": counts}), 0)
+    upload = run_round(site, Download(params=tiny_seg_task.build_model().state_dict(), round=0, global_class_counts=counts), 0)
     protos = torch.tensor(upload.meta["prototypes"])
     assert protos.shape == (2, 6) and upload.meta["prototype_present"] == [True, True]
     assert upload.class_counts == counts and upload.num_train == 18

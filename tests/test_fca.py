@@ -52,7 +52,7 @@ def test_the_consistency_gradient_reaches_the_federated_head_and_the_extractor_n
     site = _fca_site(tiny_task, tmp_path, lam_fed=0.0, lam_personal=0.0)  # the consistency term alone
     model = site.models["local"]
     inputs = torch.randn(6, 3, 8, 8)
-    loss = site.method.losses(site, torch.arange(6) % 3, {"local": model(inputs)})["local"]
+    loss = site.method.losses(site.view(), torch.arange(6) % 3, {"local": model(inputs)})["local"]
     loss.backward()
     assert model.personal_head.weight.grad is None or torch.count_nonzero(model.personal_head.weight.grad) == 0
     assert torch.count_nonzero(model.base.fc2.weight.grad) > 0  # the federated head
@@ -63,12 +63,12 @@ def test_upload_has_no_personalized_head_and_a_download_leaves_it_unchanged(tiny
     site = _fca_site(tiny_task, tmp_path)
     torch.manual_seed(0)
     initial = site.method.build_model().state_dict()
-    upload = run_round(site, Download(params=initial, meta={"round": 0}), 0)
+    upload = run_round(site, Download(params=initial, round=0), 0)
     assert upload.params and not any(k.startswith("personal_head.") for k in upload.params)
     assert "base.fc2.weight" in upload.params and "base.bn.running_mean" in upload.params  # BN statistics averaged
     personal = {k: v.clone() for k, v in site.models["local"].personal_head.state_dict().items()}
     shifted = {k: v + 1.0 if v.is_floating_point() else v for k, v in upload.params.items()}
-    site.method.on_download(site, Download(params=shifted, meta={"round": 1}), first=False)
+    site.method.on_download(site.view(), Download(params=shifted, round=1), first=False)
     state = site.models["local"].state_dict()
     assert all(torch.equal(state[f"personal_head.{k}"], v) for k, v in personal.items())
     assert torch.equal(state["base.fc2.weight"], shifted["base.fc2.weight"])

@@ -19,7 +19,7 @@ from prrfl.flare import protocol as P
 from prrfl.flare.jobs import JOBS, job_config, job_files
 from prrfl.flare.recipe import PRIVACY_FILTERS, export_job
 from prrfl.flare.validation import upload_problem
-from prrfl.messages import Upload
+from prrfl.messages import Download, Upload
 from prrfl.tasks.derm import DermTask
 
 JOBS_DIR = Path(__file__).resolve().parents[1] / "jobs"
@@ -105,6 +105,16 @@ def _trained_upload(received: dict[str, torch.Tensor]) -> Upload:
     params = {k: v + 0.02 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v + 5 for k, v in received.items()}
     protos = [[0.5] * 4] * 3
     return Upload("s", params, 6, [1, 2, 3], {"prototypes": protos, "prototype_present": [True] * 3})
+
+
+def test_a_site_reads_the_round_and_global_counts_as_fields_and_the_methods_values_in_meta():
+    download = Download(params={"w": torch.ones(2)}, meta={"pfa_r": 0.4})
+    common = {P.CONFIG: RunConfig().to_dict(), P.RUN_ID: "r1", P.NUM_SITES: 3, P.GLOBAL_COUNTS: [5, 6, 7]}
+    task = P.download_to_model(download, common, 2, 5)
+    assert task.meta == {**common, P.ROUND: 2, "pfa_r": 0.4} and task.current_round == 2 and task.total_rounds == 5
+    received = P.model_to_download(task)
+    assert received.round == 2 and received.global_class_counts == [5, 6, 7] and received.meta == {"pfa_r": 0.4}
+    assert torch.equal(received.params["w"], download.params["w"])
 
 
 def test_a_site_uploads_the_difference_and_the_server_adds_back_what_it_sent():

@@ -165,7 +165,7 @@ def test_the_second_pass_leaves_the_running_statistics_as_the_first_left_them(tm
     probe = harmofl_site(tiny(), tmp_path, site="B").models["local"].train()
     probe.load_state_dict(state)
     probe(x)
-    site.method.train_batch(site, x, labels)
+    site.method.train_batch(site.view(), x, labels)
     after = model.state_dict()
     for key in ("norm.amplitude", "base.bn.running_mean", "base.bn.running_var", "base.bn.num_batches_tracked"):
         torch.testing.assert_close(after[key], probe.state_dict()[key])
@@ -217,17 +217,17 @@ def test_the_federation_shares_one_frozen_amplitude_from_round_1(tmp_path):
     torch.manual_seed(0)
     initial = method.build_model().state_dict()
     assert not initial["norm.amplitude"].any()
-    uploads = [run_round(s, Download(params=initial, meta={"round": 0}), 0) for s in sites]
+    uploads = [run_round(s, Download(params=initial, round=0), 0) for s in sites]
     amps = [u.params["norm.amplitude"] for u in uploads]
     assert amps[0].any() and not torch.allclose(amps[0], amps[1])  # each site averaged its own images
     downloads = method.aggregate(uploads, 0, {})
     average = (amps[0] + amps[1]) / 2  # uniform, although both sites hold as many images here
     for s in sites:
         torch.testing.assert_close(downloads[s.name].params["norm.amplitude"], average)
-        s.method.on_download(s, Download(params=downloads[s.name].params, meta={"round": 1}), first=False)
+        s.method.on_download(s.view(), Download(params=downloads[s.name].params, round=1), first=False)
         assert s.models["local"].norm.frozen
         torch.testing.assert_close(s.models["local"].state_dict()["norm.amplitude"], average)
-    uploads = [run_round(s, Download(params=downloads[s.name].params, meta={"round": 1}), 1) for s in sites]
+    uploads = [run_round(s, Download(params=downloads[s.name].params, round=1), 1) for s in sites]
     for s, u in zip(sites, uploads):
         torch.testing.assert_close(u.params["norm.amplitude"], average)
         assert not torch.equal(u.params["base.fc2.weight"], downloads[s.name].params["base.fc2.weight"])  # it trained
@@ -236,9 +236,9 @@ def test_the_federation_shares_one_frozen_amplitude_from_round_1(tmp_path):
 def test_the_sites_amplitude_is_frozen_by_the_round_of_each_download(tmp_path):
     site = harmofl_site(tiny(), tmp_path)
     params = site.method.build_model().state_dict()
-    site.method.on_download(site, Download(params=params, meta={"round": 0}), first=True)
+    site.method.on_download(site.view(), Download(params=params, round=0), first=True)
     assert not site.models["local"].norm.frozen
-    site.method.on_download(site, Download(params=params, meta={"round": 3}), first=False)
+    site.method.on_download(site.view(), Download(params=params, round=3), first=False)
     assert site.models["local"].norm.frozen
 
 
@@ -247,7 +247,7 @@ def test_harmofl_runs_on_the_segmentation_task(tmp_path, options):
     task = TinySegTask({})
     site = harmofl_site(task, tmp_path, **options)
     torch.manual_seed(0)
-    upload = run_round(site, Download(params=site.method.build_model().state_dict(), meta={"round": 0}), 0)
+    upload = run_round(site, Download(params=site.method.build_model().state_dict(), round=0), 0)
     losses = [v for tag, v, _ in site.scalars if tag.startswith("loss/")]
     assert losses and all(math.isfinite(v) for v in losses)
     assert upload.params["norm.amplitude"].any() and tuple(upload.params["norm.amplitude"].shape) == (1, 16, 16)
@@ -262,7 +262,7 @@ def test_the_loss_is_the_task_loss_at_the_unperturbed_weights(tmp_path):
     probe.load_state_dict(model.state_dict())
     with torch.no_grad():
         expected = float(F.cross_entropy(probe(x)[0], labels))
-    assert site.method.train_batch(site, x, labels)["local"] == pytest.approx(expected, rel=1e-5)
+    assert site.method.train_batch(site.view(), x, labels)["local"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_harmofl_is_refused_for_a_task_without_an_image_size(monkeypatch):

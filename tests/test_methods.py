@@ -32,7 +32,7 @@ def method(task, name: str, **options):
 
 def initial(task) -> Download:
     torch.manual_seed(0)
-    return Download(params=task.build_model().state_dict(), meta={"round": 0, "global_class_counts": COUNTS})
+    return Download(params=task.build_model().state_dict(), round=0, global_class_counts=COUNTS)
 
 
 def constant_uploads(task, values, counts=((5, 5, 5),) * 3, keys=None, meta=None) -> list[Upload]:
@@ -59,34 +59,34 @@ def test_fedavg_averages_by_sample_counts_and_sends_everyone_the_average(tiny_ta
 
 def test_fedprox_gradient_of_the_proximal_term_is_mu_times_the_drift(tiny_task, tmp_path):
     site = make_runtime(tiny_task, tmp_path, method="fedprox", method_args={"mu": 0.5})
-    site.method.on_download(site, initial(tiny_task), first=True)
+    site.method.on_download(site.view(), initial(tiny_task), first=True)
     model = site.models["local"]
     anchor = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p))
     model.zero_grad()
-    site.method.proximal_term(site).backward()
+    site.method.proximal_term(site.view()).backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, 0.5 * (p.detach() - anchor[n]))
     labels = torch.tensor([0, 1, 2, 0])
     out = model(torch.randn(4, 3, 8, 8))
-    loss = site.method.losses(site, labels, {"local": out})["local"]
-    torch.testing.assert_close(loss, F.cross_entropy(out[0], labels) + site.method.proximal_term(site))
+    loss = site.method.losses(site.view(), labels, {"local": out})["local"]
+    torch.testing.assert_close(loss, F.cross_entropy(out[0], labels) + site.method.proximal_term(site.view()))
 
 
 def test_fedbn_keeps_batchnorm_at_the_site(tiny_task, tmp_path):
     site = make_runtime(tiny_task, tmp_path, method="fedbn")
     model = site.models["local"]
     assert site.method.shared_keys(model) == ["conv.weight", "fc1.weight", "fc2.weight"]
-    site.method.on_download(site, initial(tiny_task), first=True)
+    site.method.on_download(site.view(), initial(tiny_task), first=True)
     bn_before = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("bn.")}
-    download = Download(params={k: torch.ones_like(model.state_dict()[k]) for k in site.method.shared_keys(model)}, meta={"round": 1})
-    site.method.on_download(site, download, first=False)
+    download = Download(params={k: torch.ones_like(model.state_dict()[k]) for k in site.method.shared_keys(model)}, round=1)
+    site.method.on_download(site.view(), download, first=False)
     state = model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in bn_before.items())
     assert torch.equal(state["conv.weight"], torch.ones_like(state["conv.weight"]))
-    assert set(site.method.upload(site).params) == {"conv.weight", "fc1.weight", "fc2.weight"}
+    assert set(site.method.upload(site.view()).params) == {"conv.weight", "fc1.weight", "fc2.weight"}
 
 
 def test_silobn_shares_batchnorm_affine_but_keeps_running_statistics(tiny_task, tmp_path):
@@ -95,11 +95,11 @@ def test_silobn_shares_batchnorm_affine_but_keeps_running_statistics(tiny_task, 
     shared = site.method.shared_keys(model)
     assert {"bn.weight", "bn.bias"} <= set(shared)
     assert not {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"} & set(shared)
-    site.method.on_download(site, initial(tiny_task), first=True)
+    site.method.on_download(site.view(), initial(tiny_task), first=True)
     with torch.no_grad():
         model.bn.running_mean.fill_(3.0)
-    download = Download(params={k: torch.full_like(model.state_dict()[k], 2.0) for k in shared}, meta={"round": 1})
-    site.method.on_download(site, download, first=False)
+    download = Download(params={k: torch.full_like(model.state_dict()[k], 2.0) for k in shared}, round=1)
+    site.method.on_download(site.view(), download, first=False)
     assert torch.equal(model.bn.weight.detach(), torch.full((4,), 2.0)) and torch.equal(model.bn.running_mean, torch.full((4,), 3.0))
 
 
@@ -154,7 +154,7 @@ def test_fml_is_weighted_mutual_learning_with_cross_entropy(tiny_task, tmp_path)
         q, p = teacher.softmax(1), student.softmax(1)
         return (q * (q.log() - p.log())).sum(1).mean()
 
-    losses = site.method.losses(site, labels, {"personal": (z_p, None), "deputy": (z_d, None)})
+    losses = site.method.losses(site.view(), labels, {"personal": (z_p, None), "deputy": (z_d, None)})
     torch.testing.assert_close(losses["personal"], 0.3 * F.cross_entropy(z_p, labels) + 0.7 * kl(z_d, z_p))
     torch.testing.assert_close(losses["deputy"], 0.6 * F.cross_entropy(z_d, labels) + 0.4 * kl(z_p, z_d))
     assert site.method.upload_role == "deputy" and site.method.eval_role == "personal"
@@ -164,9 +164,9 @@ def test_fml_is_weighted_mutual_learning_with_cross_entropy(tiny_task, tmp_path)
 def test_prrfl_is_amplitude_only_pfa_with_the_classifier_as_a_matrix_and_cross_entropy(tiny_task, tmp_path):
     site = make_runtime(tiny_task, tmp_path, method="prrfl")
     prrfl = site.method
-    assert prrfl.opt["pfa_components"] == "amplitude" and not prrfl.opt["classifier_rowwise"]
+    assert prrfl.opt.pfa_components == "amplitude" and not prrfl.opt.classifier_rowwise
     logits, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 1])
-    torch.testing.assert_close(prrfl.supervised_loss(site, logits, labels), F.cross_entropy(logits, labels))
+    torch.testing.assert_close(prrfl.supervised_loss(site.view(), logits, labels), F.cross_entropy(logits, labels))
     torch.manual_seed(1)
     ups = [
         Upload(f"s{i}", {k: torch.randn_like(v) for k, v in u.params.items()}, 15, [5, 5, 5])
@@ -184,13 +184,11 @@ def test_fedeamc_weights_classes_by_inverse_counts(tiny_task, tmp_path):
     torch.testing.assert_close(count_weights([6, 3, 1]), torch.tensor([10 / 18, 10 / 9, 10 / 3], dtype=torch.float64))
     assert count_weights([4, 0, 4]).tolist() == [1.0, 0.0, 1.0]  # C counts the classes present
     site = make_runtime(tiny_task, tmp_path, method="fedeamc")
-    site.method.on_download(
-        site, Download(params=initial(tiny_task).params, meta={"round": 0, "global_class_counts": [6, 3, 1]}), first=True
-    )
+    site.method.on_download(site.view(), Download(params=initial(tiny_task).params, round=0, global_class_counts=[6, 3, 1]), first=True)
     logits, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 2])
     ce = F.cross_entropy(logits, labels, reduction="none")
     expected = (ce * torch.tensor([10 / 18, 10 / 9, 10 / 3, 10 / 3])).mean()
-    torch.testing.assert_close(site.method.supervised_loss(site, logits, labels), expected)
+    torch.testing.assert_close(site.method.supervised_loss(site.view(), logits, labels), expected)
     with pytest.raises(ValueError, match="cpa_local"):
         method(tiny_task, "fedeamc", cpa_local=True)
 
@@ -206,7 +204,7 @@ def test_fed_focal_is_cross_entropy_at_gamma_zero_and_down_weights_easy_samples(
     torch.testing.assert_close(ratio_easy, (1 - p_easy) ** 2)
     assert ratio_easy < ratio_hard < 1
     focal = method(tiny_task, "fedfocal", gamma=0.0)
-    assert not focal.uses_cpa and focal.roles == ("personal", "deputy")
+    assert not focal.opt.uses_cpa and focal.roles == ("personal", "deputy")
 
 
 # ----- personalized FL: Per-FedAvg, pFedMe, APFL ----------------------------------------------------------
@@ -222,7 +220,7 @@ def test_perfedavg_first_order_step_on_a_quadratic():
 
 def test_perfedavg_evaluates_the_one_step_adapted_model(tiny_task, tmp_path):
     site = make_runtime(tiny_task, tmp_path, method="perfedavg")
-    site.method.on_download(site, initial(tiny_task), first=True)
+    site.method.on_download(site.view(), initial(tiny_task), first=True)
     shared, personal = site.models["shared"].state_dict(), site.models["personal"].state_dict()
     assert not torch.equal(shared["fc2.weight"], personal["fc2.weight"])
     assert site.method.eval_role == "personal" and site.method.upload_role == "shared"
@@ -254,12 +252,12 @@ def test_pfedme_personalized_solve_moreau_step_and_server_mixing(tiny_task):
 def test_apfl_mixed_model_and_alpha_update(tiny_task, tmp_path):
     site = make_runtime(tiny_task, tmp_path, method="apfl", method_args={"alpha": 0.3})
     apfl = site.method
-    apfl.on_download(site, initial(tiny_task), first=True)
+    apfl.on_download(site.view(), initial(tiny_task), first=True)
     shared, personal, mixed = (site.models[r] for r in ("shared", "personal", "mixed"))
     with torch.no_grad():
         for p in personal.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    apfl.refresh_mixed(site)
+    apfl.refresh_mixed(site.view())
     for m, v, w in zip(mixed.parameters(), personal.parameters(), shared.parameters()):
         torch.testing.assert_close(m.detach(), 0.3 * v.detach() + 0.7 * w.detach())
 
@@ -274,7 +272,7 @@ def test_apfl_mixed_model_and_alpha_update(tiny_task, tmp_path):
     )
     lr = site.optimizers["personal"].param_groups[0]["lr"]
     v_expected = [v.detach() - lr * 0.3 * r.grad for v, r in zip(personal.parameters(), reference.parameters())]
-    apfl.train_batch(site, inputs, labels)
+    apfl.train_batch(site.view(), inputs, labels)
     assert math.isclose(site.memory["alpha"], 0.3 - lr * float(inner), rel_tol=1e-5, abs_tol=1e-7)
     for v, want in zip(personal.parameters(), v_expected):
         torch.testing.assert_close(v.detach(), want)
@@ -291,23 +289,23 @@ def test_prr_without_det_keeps_one_model_that_receives_the_download(tiny_task, t
     upload = run_round(site, initial(tiny_task), 0)
     assert set(upload.params) == {"conv.weight", "fc1.weight", "fc2.weight"}
     shift = {k: v + 1.0 for k, v in upload.params.items()}
-    prr.on_download(site, Download(params=shift, meta={"round": 1, "global_class_counts": COUNTS}), first=False)
+    prr.on_download(site.view(), Download(params=shift, round=1, global_class_counts=COUNTS), first=False)
     assert torch.equal(site.models["local"].state_dict()["fc2.weight"], shift["fc2.weight"])
     z, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
     site.memory["gamma"] = torch.ones(3, dtype=torch.float64)
-    assert set(prr.losses(site, labels, {"local": (z, None)})) == {"local"}
+    assert set(prr.losses(site.view(), labels, {"local": (z, None)})) == {"local"}
 
 
 def test_prr_cpa_switches(tiny_task, tmp_path):
     site = make_runtime(tiny_task, tmp_path, method_args={"cpa_global": False})
-    site.method.on_download(
-        site, Download(params=initial(tiny_task).params, meta={"round": 0, "global_class_counts": [50, 5, 1]}), first=True
-    )
+    site.method.on_download(site.view(), Download(params=initial(tiny_task).params, round=0, global_class_counts=[50, 5, 1]), first=True)
     assert torch.equal(site.memory["mask"], torch.ones(3, 3, dtype=torch.float64))
     no_local = make_runtime(tiny_task, tmp_path / "nl", method_args={"cpa_local": False})
     upload = run_round(no_local, initial(tiny_task), 0)
     assert "prototypes" not in upload.meta and "prototypes" not in no_local.memory
     assert "global_prototypes" not in no_local.method.aggregate([upload], 0, {})["A"].meta
+    with pytest.raises(ValueError, match="needs the federation's class counts"):
+        site.method.on_download(site.view(), Download(params=initial(tiny_task).params), first=True)
 
 
 @pytest.mark.parametrize(
@@ -352,9 +350,7 @@ def test_every_method_runs_two_rounds_through_the_shared_loop(name, task_fixture
     method = sites[0].method
     reference = {k: v for k, v in method.reference_model.state_dict().items() if k in method.shared_keys(method.reference_model)}
     torch.manual_seed(0)
-    downloads = {
-        s.name: Download(params=method.build_model().state_dict(), meta={"round": 0, "global_class_counts": counts}) for s in sites
-    }
+    downloads = {s.name: Download(params=method.build_model().state_dict(), round=0, global_class_counts=counts) for s in sites}
     server: dict = {}
     for round_idx in range(2):
         uploads = [run_round(s, downloads[s.name], round_idx) for s in sites]
@@ -363,9 +359,7 @@ def test_every_method_runs_two_rounds_through_the_shared_loop(name, task_fixture
             assert upload_problem(u, reference, tiny_task) is None
         out = sites[0].method.aggregate(uploads, round_idx, server)
         assert sorted(out) == ["A", "B"]
-        downloads = {
-            k: Download(params=d.params, meta={**d.meta, "round": round_idx + 1, "global_class_counts": counts}) for k, d in out.items()
-        }
+        downloads = {k: Download(params=d.params, meta=d.meta, round=round_idx + 1, global_class_counts=counts) for k, d in out.items()}
     for s in sites:
         losses = [v for tag, v, _ in s.scalars if tag.startswith("loss/")]
         assert losses and all(math.isfinite(v) for v in losses)

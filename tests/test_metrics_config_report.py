@@ -67,7 +67,7 @@ def test_results_table_reports_best_round_test_metrics_and_the_mean():
 
 
 def test_cli_overrides_reach_nested_fields_and_parse_json():
-    from prrfl.cli import apply_overrides
+    from prrfl.config import apply_overrides
 
     base = {"num_rounds": 5, "data": {"image_size": 64}, "method_args": {}}
     out = apply_overrides(base, ["num_rounds=2", "data.image_size=128", "method_args.det_split=train", "method_args.tau=1.5"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import make_runtime
@@ -9,7 +11,7 @@ from conftest import make_runtime
 from prrfl.algorithms import cpa, det
 from prrfl.config import RunConfig
 from prrfl.messages import Upload
-from prrfl.methods.prr import PRR
+from prrfl.methods.prr import PRR, PRROptions
 
 
 def uploads(task, n: int = 3) -> list[Upload]:
@@ -90,7 +92,7 @@ def test_losses_follow_the_det_phase(tiny_task, tmp_path):
     }
     for phase, (want_p, want_d) in expected.items():
         site.memory["phase"] = phase
-        losses = method.losses(site, labels, outputs)
+        losses = method.losses(site.view(), labels, outputs)
         torch.testing.assert_close(losses["personal"], want_p)
         torch.testing.assert_close(losses["deputy"], want_d)
 
@@ -102,3 +104,16 @@ def test_bad_options_are_named(tiny_task):
         PRR(RunConfig(task="tiny"), tiny_task, l1=0.95, l2=0.9)
     with pytest.raises(TypeError):
         PRR(RunConfig(task="tiny"), tiny_task, lambda1=0.7)
+
+
+def test_options_are_a_frozen_checked_dataclass_that_config_validation_reads(tiny_task):
+    method = PRR(RunConfig(task="tiny"), tiny_task, det_phases=["exchange", "recover"], tau=2.0)
+    assert isinstance(method.opt, PRROptions) and method.opt.tau == 2.0
+    assert method.opt.det_phases == ("exchange", "recover") and method.opt.phases == (det.Phase.RECOVER, det.Phase.EXCHANGE)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        method.opt.tau = 1.0
+    params = PRR.option_parameters()
+    assert list(params) == [f.name for f in dataclasses.fields(PRROptions)]
+    assert params["tau"].default == 3.0 and params["det_split"].annotation == det.MetricSplit
+    with pytest.raises(ValueError, match="r0 must lie in"):
+        PRROptions(r0=0.6)

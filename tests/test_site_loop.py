@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,13 +12,14 @@ from conftest import as_numpy, make_runtime, untimed
 
 from prrfl.messages import Download
 from prrfl.site.trainer import run_round
+from prrfl.site.view import SiteView
 
 COUNTS = [20, 20, 20]
 
 
 def initial_download(task) -> Download:
     torch.manual_seed(0)
-    return Download(params=task.build_model().state_dict(), meta={"round": 0, "global_class_counts": COUNTS})
+    return Download(params=task.build_model().state_dict(), round=0, global_class_counts=COUNTS)
 
 
 def next_download(upload, round_idx: int, shift: float = 0.0) -> Download:
@@ -25,9 +27,9 @@ def next_download(upload, round_idx: int, shift: float = 0.0) -> Download:
     protos = upload.meta["prototypes"]
     return Download(
         params=params,
+        round=round_idx,
+        global_class_counts=COUNTS,
         meta={
-            "round": round_idx,
-            "global_class_counts": COUNTS,
             "pfa_r": 0.4,
             "global_prototypes": protos,
             "global_prototype_present": upload.meta["prototype_present"],
@@ -60,7 +62,7 @@ def test_download_overwrites_only_the_deputys_shared_weights(tiny_task, tmp_path
     personal_before = as_numpy(site.models["personal"].state_dict())
     deputy_bn_before = as_numpy({k: v for k, v in site.models["deputy"].state_dict().items() if k.startswith("bn.")})
     download = next_download(upload, 1, shift=0.5)
-    site.method.on_download(site, download, first=False)
+    site.method.on_download(site.view(), download, first=False)
     deputy = site.models["deputy"].state_dict()
     for key, value in download.params.items():
         assert torch.equal(deputy[key], value)
@@ -196,3 +198,18 @@ def test_the_sites_evaluation_chunk_bounds_every_evaluation(tiny_task, tmp_path,
     site.eval_batch_size = 5
     assert site.evaluate(site.method.eval_role, "test") == pytest.approx(whole)  # the same numbers, in chunks of 5
     assert chunks == [5, 5, 2]  # the tiny test split holds 12 images
+
+
+def test_hooks_see_the_site_through_one_narrow_view_per_round(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path)
+    seen = []
+    before_epoch = site.method.before_epoch
+    site.method.before_epoch = lambda view, epoch: (seen.append(view), before_epoch(view, epoch))
+    run_round(site, initial_download(tiny_task), 0)
+    view = seen[0]
+    assert isinstance(view, SiteView) and len(seen) == site.cfg.local_epochs and all(v is view for v in seen)
+    assert view.memory is site.memory and view.models is site.models and view.optimizers is site.optimizers
+    assert view.num_train == site.data.num_train and view.class_counts == site.data.class_counts
+    assert not any(hasattr(view, name) for name in ("history", "best", "save", "cfg", "method", "state_dir"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.memory = {}

@@ -8,28 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prrfl.config import ConfigError, RunConfig, with_settings
+from prrfl.config import RunConfig, apply_overrides
 from prrfl.errors import EXIT_STATUS, CommandFailed, run_command, traceback_option
 from prrfl.storage import load_json
-
-
-def apply_overrides(values: dict, assignments: list[str]) -> dict:
-    """KEY=VALUE settings into a config dict; dotted keys reach nested dicts (data.image_size=128),
-    values are JSON when they parse (numbers, true, lists), strings otherwise. The values are
-    checked where the config is built (`validated`), so `lr=abc` is refused there by name."""
-    for item in assignments:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        try:
-            values = with_settings(values, {key: value})
-        except ConfigError as e:
-            raise ConfigError(f"--set {item}: {e}") from None
-    return values
 
 
 def validated(job: str, values: dict[str, Any]) -> RunConfig:

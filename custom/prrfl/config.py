@@ -159,6 +159,25 @@ def with_settings(values: Mapping[str, Any], settings: Mapping[str, Any]) -> dic
     return values
 
 
+def apply_overrides(values: dict, assignments: list[str]) -> dict:
+    """KEY=VALUE settings into a config dict; dotted keys reach nested dicts (data.image_size=128),
+    values are JSON when they parse (numbers, true, lists), strings otherwise. The values are
+    checked where the config is built (prrfl.registry.validate_config), so `lr=abc` is refused there by name."""
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        try:
+            values = with_settings(values, {key: value})
+        except ConfigError as e:
+            raise ConfigError(f"--set {item}: {e}") from None
+    return values
+
+
 MinSites = int | Literal["all", "majority"]
 _FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 

@@ -28,10 +28,17 @@ class Upload:
 
 @dataclass
 class Download:
-    """What the server sends one site for the next round."""
+    """What the server sends one site for the next round.
+
+    params and meta are the method's (`Method.aggregate`); round and global_class_counts are the
+    federation's, filled by the transport when the download reaches the site
+    (`prrfl.flare.protocol.model_to_download`): a download the server has not sent yet keeps their
+    defaults."""
 
     params: StateDict
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # the method's own values (e.g. global prototypes)
+    round: int = 0  # the round the site trains with this download (0-based)
+    global_class_counts: list[int] | None = None  # the federation's training statistics per class (Upload.class_counts summed)
 
 
 @dataclass

@@ -35,12 +35,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from prrfl.cli import apply_overrides, validated
-from prrfl.config import RunConfig
+from prrfl.config import RunConfig, apply_overrides
 from prrfl.crosseval import summary_line, write_crosseval
 from prrfl.errors import CommandFailed
 from prrfl.flare.jobs import job_config
 from prrfl.flare.recipe import export_job
+from prrfl.registry import validate_job
 from prrfl.report import SiteResult, build_report
 from prrfl.storage import load_json
 
@@ -77,7 +77,7 @@ def run_config(method: str, seed: int, overrides: Sequence[str] = (), task: str 
     values = apply_overrides(job_config(job).to_dict(), list(overrides))
     values["seed"] = seed
     values["run_name"] = f"{values['run_name']}_s{seed}"
-    return validated(job, values)
+    return validate_job(job, values)
 
 
 def prepare(methods: Sequence[str], seeds: Sequence[int], root: Path, overrides: Sequence[str] = (), task: str = "derm") -> list[SweepRun]:

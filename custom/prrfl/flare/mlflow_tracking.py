@@ -31,7 +31,7 @@ from nvflare.app_opt.tracking.mlflow.mlflow_receiver import MLflowReceiver
 
 from prrfl.config import RunConfig
 from prrfl.flare import places
-from prrfl.flare.tracking import EVENTS, FEDERATION_RUN, cohorts_of, is_from_server, run_name
+from prrfl.flare.run_names import EVENTS, FEDERATION_RUN, cohorts_of, is_from_server, run_name
 
 STORE_FILE = "mlflow.db"
 ARTIFACTS_DIR = "mlflow-artifacts"  # beside the default store

@@ -29,7 +29,13 @@ GLOBAL_COUNTS = "global_class_counts"
 ERROR = "error"
 
 
+# the workflow's keys, which a site reads from the task (not the method's: see model_to_download)
+TRANSPORT_KEYS = (CONFIG, RUN_ID, ROUND, NUM_SITES, GLOBAL_COUNTS)
+
+
 def download_to_model(download: Download, common: dict[str, Any], round_idx: int, num_rounds: int) -> FLModel:
+    """A site's train task: the download's params and method meta, the workflow's `common` keys
+    (CONFIG, RUN_ID, NUM_SITES, GLOBAL_COUNTS) and the round."""
     return FLModel(
         params_type=ParamsType.FULL,
         params=download.params,
@@ -40,7 +46,13 @@ def download_to_model(download: Download, common: dict[str, Any], round_idx: int
 
 
 def model_to_download(model: FLModel) -> Download:
-    return Download(params=dict(model.params or {}), meta=dict(model.meta or {}))
+    """A train task as the site's method sees it: the round and the global class counts as fields,
+    the method's own values in meta (the workflow's other keys left out)."""
+    meta = dict(model.meta or {})
+    round_idx, counts = meta[ROUND], meta.get(GLOBAL_COUNTS)
+    for key in TRANSPORT_KEYS:
+        meta.pop(key, None)
+    return Download(params=dict(model.params or {}), meta=meta, round=round_idx, global_class_counts=counts)
 
 
 def upload_to_model(upload: Upload, summary: dict[str, Any], received: dict[str, torch.Tensor]) -> FLModel:

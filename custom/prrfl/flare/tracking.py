@@ -17,43 +17,22 @@ Two backends, both FLARE receivers: TensorBoard (`TensorBoardReceiver`, the defa
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE, AnalyticsDataType
 from nvflare.apis.fl_component import FLComponent
-from nvflare.apis.fl_constant import EventScope, FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.utils.analytix_utils import create_analytic_dxo, send_analytic_dxo
 from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 
-FEDERATION_RUN = "federation"
-COHORTS_PROP = "prrfl.cohorts"  # sticky FLContext property: FLARE client name -> cohort
-# the server's own scalars are local events; the sites' arrive as federated events
-EVENTS = [ANALYTIC_EVENT_TYPE, "fed." + ANALYTIC_EVENT_TYPE]
+from prrfl.flare.run_names import COHORTS_PROP, EVENTS, FEDERATION_RUN, cohorts_of, is_from_server, run_name
+
 TRACKING = ("tensorboard", "mlflow")
-
-
-def run_name(origin: str, cohorts: dict[str, str] | None) -> str:
-    """`site-2_B` for a site whose cohort is known; unsafe characters of the cohort become '-'."""
-    cohort = (cohorts or {}).get(origin)
-    if not cohort:
-        return origin
-    return f"{origin}_{re.sub(r'[^A-Za-z0-9._-]+', '-', str(cohort)).strip('-') or 'cohort'}"
-
-
-def is_from_server(fl_ctx: FLContext) -> bool:
-    """A local event on the server: the workflow's own scalars (the sites' arrive with federation scope)."""
-    return fl_ctx.get_prop(FLContextKey.EVENT_SCOPE) != EventScope.FEDERATION
 
 
 def publish_cohorts(fl_ctx: FLContext, cohorts: dict[str, str]) -> None:
     """Make the client -> cohort mapping visible to the receivers (every later FLContext of the job)."""
     fl_ctx.set_prop(COHORTS_PROP, dict(cohorts), private=False, sticky=True)
-
-
-def cohorts_of(fl_ctx: FLContext) -> dict[str, str]:
-    return fl_ctx.get_prop(COHORTS_PROP) or {}
 
 
 def send_scalars(component: FLComponent, fl_ctx: FLContext, scalars: dict[str, float], step: int) -> None:

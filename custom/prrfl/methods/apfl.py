@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.func import functional_call
@@ -10,9 +10,7 @@ from torch.func import functional_call
 from prrfl.messages import Download
 from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
-
-if TYPE_CHECKING:
-    from prrfl.site.state import SiteRuntime
+from prrfl.site.view import SiteView
 
 
 def mix_parameters(personal: torch.nn.Module, shared: torch.nn.Module, alpha: torch.Tensor | float) -> dict[str, torch.Tensor]:
@@ -66,18 +64,18 @@ class APFL(FedAvg):
             site.memory["alpha"] = min(1.0, max(0.0, float(alpha.detach() - lr * alpha.grad)))
         return {"shared": float(loss_w.detach()), "mixed": float(loss_mixed.detach())}
 
-    def refresh_mixed(self, site: SiteRuntime) -> None:
+    def refresh_mixed(self, site: SiteView) -> None:
         """Write v_bar into the `mixed` model (parameters mixed, buffers from v)."""
         personal, mixed = site.models["personal"], site.models["mixed"]
         with torch.no_grad():
             mixed.load_state_dict({**personal.state_dict(), **mix_parameters(personal, site.models["shared"], site.memory["alpha"])})
 
-    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
+    def on_download(self, site: SiteView, download: Download, first: bool) -> None:
         super().on_download(site, download, first)
         site.memory.setdefault("alpha", self.alpha)
-        site.memory["round"] = download.meta["round"]
+        site.memory["round"] = download.round
         self.refresh_mixed(site)
 
-    def after_epoch(self, site: SiteRuntime, epoch: int) -> None:
+    def after_epoch(self, site: SiteView, epoch: int) -> None:
         self.refresh_mixed(site)
         site.log_scalar("apfl/alpha", site.memory["alpha"], site.memory["round"] * self.cfg.local_epochs + epoch)

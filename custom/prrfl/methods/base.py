@@ -6,12 +6,15 @@ them (`build_model`, `build_optimizer`: one factory each, so a method may own a 
 heads), their losses on a batch, what happens at a download, before/after an epoch, and how the
 server turns the uploads into one download per site.
 A method whose local step is not one gradient step of a summed loss overrides `train_batch`.
-Whatever a method must remember at a site between rounds goes into `site.memory`, which the loop
-checkpoints with the models (site processes may be restarted for every task).
+The site-side hooks see the site through a `SiteView` (prrfl.site.view): its models, optimisers,
+memory, training data, evaluation and scalar log. Whatever a method must remember at a site between
+rounds goes into `site.memory`, which the loop checkpoints with the models (site processes may be
+restarted for every task).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import typing
@@ -20,10 +23,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from prrfl.messages import Download, StateDict, Upload
+from prrfl.site.view import SiteView
 
 if TYPE_CHECKING:
     from prrfl.config import RunConfig
-    from prrfl.site.state import SiteRuntime
     from prrfl.tasks.base import Task
 
 
@@ -35,6 +38,9 @@ class Method:
     roles: tuple[str, ...] = ("local",)
     eval_role: str = "local"  # the model a site reports and selects on validation
     upload_role: str = "local"
+    # A method with many options may declare them as a (frozen, self-checking) dataclass instead of
+    # keyword parameters; its constructor then takes them as **options (PRR: `PRROptions`).
+    options_class: ClassVar[type | None] = None
 
     def __init__(self, cfg: RunConfig, task: Task, **options: Any):
         self.cfg = cfg
@@ -55,11 +61,20 @@ class Method:
         pass its parent another one, as PRRFL does). They are the keyword parameters of each
         `__init__` up the class hierarchy, for as long as the constructors forward `**options` to
         their parent (FedProx -> FedAvg, PRRFL -> PRR); a subclass's parameter wins over its
-        parent's of the same name (IDA's weighting). Read from the signatures, so that an option
+        parent's of the same name (IDA's weighting). A class that declares an `options_class` (PRR)
+        contributes that dataclass's fields instead, and the walk ends there: its constructor builds
+        the dataclass rather than forwarding. Read from the signatures and fields, so that an option
         added to a method is validated without a list to keep in step."""
         found: dict[str, inspect.Parameter] = {}
         for klass in cls.__mro__:
             if klass is Method:  # takes no option of its own
+                break
+            options_class = vars(klass).get("options_class")
+            if options_class is not None:
+                hints = typing.get_type_hints(options_class)
+                for f in dataclasses.fields(options_class):
+                    p = inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+                    found.setdefault(f.name, p)
                 break
             if "__init__" not in vars(klass):
                 continue
@@ -129,15 +144,15 @@ class Method:
         return {}
 
     # ----- site side -----------------------------------------------------------------------
-    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
+    def on_download(self, site: SiteView, download: Download, first: bool) -> None:
         """Load the download into the site's models. `first`: the initial model of the run."""
         for role in self.roles:
             site.models[role].load_state_dict(download.params, strict=first)
 
-    def before_epoch(self, site: SiteRuntime, epoch: int) -> None:
+    def before_epoch(self, site: SiteView, epoch: int) -> None:
         pass
 
-    def train_batch(self, site: SiteRuntime, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+    def train_batch(self, site: SiteView, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         """One optimisation step on a batch; returns each trained model's loss. Default: forward every
         role, sum `losses`, one backward, step every optimiser, then `after_batch`. Methods whose step
         is not one gradient step of a summed loss (meta-learning, inner solvers) override this."""
@@ -153,38 +168,45 @@ class Method:
         self.after_batch(site, targets, outputs)
         return {role: float(loss.detach()) for role, loss in losses.items()}
 
-    def supervised_loss(self, site: SiteRuntime, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def supervised_loss(self, site: SiteView, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The task's loss; an imbalance method passes its own classification term into it."""
         return self.task.loss(logits, targets)
 
     def losses(
-        self, site: SiteRuntime, targets: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+        self, site: SiteView, targets: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
     ) -> dict[str, torch.Tensor]:
         """outputs: role -> (logits, embedding). Returns one loss per trained role."""
         return {role: self.supervised_loss(site, out[0], targets) for role, out in outputs.items()}
 
-    def after_batch(self, site: SiteRuntime, targets: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def after_batch(self, site: SiteView, targets: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         pass
 
-    def after_epoch(self, site: SiteRuntime, epoch: int) -> None:
+    def after_epoch(self, site: SiteView, epoch: int) -> None:
         pass
 
-    def upload(self, site: SiteRuntime) -> Upload:
+    def upload(self, site: SiteView) -> Upload:
         model = site.models[self.upload_role]
         state = model.state_dict()
         params = {k: state[k].detach().cpu() for k in self.shared_keys(model)}
         return Upload(
             site=site.name,
             params=params,
-            num_train=site.data.num_train,
-            class_counts=site.data.class_counts,
+            num_train=site.num_train,
+            class_counts=site.class_counts,
             meta=self.upload_meta(site),
         )
 
-    def upload_meta(self, site: SiteRuntime) -> dict[str, Any]:
+    def upload_meta(self, site: SiteView) -> dict[str, Any]:
         return {}
 
 
-def check_finite(site: SiteRuntime, loss: torch.Tensor) -> None:
+def check_finite(site: SiteView, loss: torch.Tensor) -> None:
     if not torch.isfinite(loss):
         raise FloatingPointError(f"site {site.name}: non-finite training loss {float(loss)} (lower the learning rate?)")
+
+
+def global_class_counts(download: Download, method: str) -> list[int]:
+    """The federation's class counts that a download brings (filled by the transport at the site)."""
+    if download.global_class_counts is None:
+        raise ValueError(f"method '{method}' needs the federation's class counts, but the download brings none")
+    return download.global_class_counts

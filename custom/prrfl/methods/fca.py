@@ -13,10 +13,10 @@ from torch import nn
 from prrfl.algorithms.det import kl_distillation
 from prrfl.algorithms.pfa import batchnorm_statistics_keys
 from prrfl.methods.fedavg import FedAvg
+from prrfl.site.view import SiteView
 from prrfl.tasks.classification import ClassificationTask
 
 if TYPE_CHECKING:
-    from prrfl.site.state import SiteRuntime
     from prrfl.tasks.base import Task
 
 AUTHORS_MILESTONES = (59, 69)  # the code's MultiStepLR(60, 70) stepped before each round's training
@@ -139,10 +139,10 @@ class FCA(FedAvg):
             keys |= batchnorm_statistics_keys(model)
         return keys
 
-    def losses(self, site: SiteRuntime, targets, outputs):
+    def losses(self, site: SiteView, targets, outputs):
         personal, embedding = outputs["local"]
         federated = site.models["local"].federated(embedding)
-        counts = torch.tensor(site.data.class_counts)
+        counts = torch.tensor(site.class_counts)
         loss = self.lam_fed * balanced_softmax_loss(federated, targets, counts)
         loss = loss + self.lam_personal * balanced_softmax_loss(personal, targets, counts)
         if self.consistency == "authors":

@@ -3,7 +3,7 @@ SiloBN (which BatchNorm entries stay at the site)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -11,9 +11,7 @@ from prrfl.algorithms.pfa import batchnorm_keys, batchnorm_statistics_keys
 from prrfl.messages import Download, Upload
 from prrfl.methods import aggregation
 from prrfl.methods.base import Method
-
-if TYPE_CHECKING:
-    from prrfl.site.state import SiteRuntime
+from prrfl.site.view import SiteView
 
 
 class FedAvg(Method):
@@ -66,7 +64,7 @@ class FedAvg(Method):
         """The entries of a download that belong to the global model, under its key names."""
         return dict(params)
 
-    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
+    def on_download(self, site: SiteView, download: Download, first: bool) -> None:
         """The first download (the initial model) starts every role; later ones overwrite the shared
         entries of `download_roles` (local keys stay)."""
         for role in self.roles if first else self.download_roles:
@@ -89,12 +87,12 @@ class FedProx(FedAvg):
             raise ValueError(f"FedProx option mu must be >= 0, got {mu}")
         self.mu = mu
 
-    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
+    def on_download(self, site: SiteView, download: Download, first: bool) -> None:
         super().on_download(site, download, first)
         model = site.models[self.upload_role]
         site.memory["global_params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
 
-    def proximal_term(self, site: SiteRuntime) -> torch.Tensor:
+    def proximal_term(self, site: SiteView) -> torch.Tensor:
         anchor = site.memory["global_params"]
         model = site.models[self.upload_role]
         return 0.5 * self.mu * sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -10,9 +10,7 @@ import torch.nn.functional as F
 from prrfl.messages import Download, Upload
 from prrfl.methods import prototype_exchange as protos
 from prrfl.methods.base import Method
-
-if TYPE_CHECKING:
-    from prrfl.site.state import SiteRuntime
+from prrfl.site.view import SiteView
 
 
 def prototype_regulariser(
@@ -62,7 +60,7 @@ class FedProto(Method):
         meta = protos.download_meta(*average_prototypes(site_protos, counts))
         return {u.site: Download(params={}, meta=dict(meta)) for u in uploads}
 
-    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
+    def on_download(self, site: SiteView, download: Download, first: bool) -> None:
         if first:
             super().on_download(site, download, first)
         protos.receive(site, download.meta)
@@ -79,8 +77,8 @@ class FedProto(Method):
     def after_batch(self, site, targets, outputs):
         protos.track(site, outputs["local"][1], targets)
 
-    def after_epoch(self, site: SiteRuntime, epoch: int) -> None:
+    def after_epoch(self, site: SiteView, epoch: int) -> None:
         protos.finish_epoch(site)
 
-    def upload_meta(self, site: SiteRuntime) -> dict[str, Any]:
+    def upload_meta(self, site: SiteView) -> dict[str, Any]:
         return protos.upload_meta(site)

@@ -15,9 +15,9 @@ from prrfl.messages import Download
 from prrfl.methods import aggregation
 from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
+from prrfl.site.view import SiteView
 
 if TYPE_CHECKING:
-    from prrfl.site.state import SiteRuntime
     from prrfl.tasks.base import Task
 
 AmpScope = Literal["full", "dc"]
@@ -268,14 +268,13 @@ class HarmoFL(FedAvg):
         )
         return HarmoFLModel(norm, base)
 
-    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
+    def on_download(self, site: SiteView, download: Download, first: bool) -> None:
         """Load the average; from round 1 on the (averaged) amplitude stays frozen."""
         super().on_download(site, download, first)
-        round_idx = download.meta.get("round", site.round_idx + 1)
         for role in self.roles:
             for layer in site.models[role].modules():
                 if isinstance(layer, AmplitudeNormalization):
-                    layer.frozen = round_idx >= 1
+                    layer.frozen = download.round >= 1
 
     def train_batch(self, site, inputs, targets):
         role = self.upload_role

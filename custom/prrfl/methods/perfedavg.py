@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from prrfl.messages import Download
 from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
-
-if TYPE_CHECKING:
-    from prrfl.site.state import SiteRuntime
+from prrfl.site.view import SiteView
 
 
 def sgd_step(params: Sequence[torch.Tensor], loss: torch.Tensor, lr: float) -> None:
@@ -45,9 +43,9 @@ def first_order_meta_step(
     return loss.detach()
 
 
-def random_batch(site: SiteRuntime, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def random_batch(site: SiteView, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`size` training samples drawn with replacement, augmented like the loop's batches."""
-    train = site.data.train
+    train = site.train
     idx = torch.randint(len(train), (size,), generator=site.generator).to(train.targets.device)
     return site.task.train_transform(train.images[idx], train.targets[idx], site.generator)
 
@@ -89,16 +87,16 @@ class PerFedAvg(FedAvg):
         check_finite(site, loss)
         return {"shared": float(loss)}
 
-    def personalize(self, site: SiteRuntime) -> None:
+    def personalize(self, site: SiteView) -> None:
         personal = site.models["personal"]
         personal.load_state_dict(site.models["shared"].state_dict())
         personal.train()
         inputs, targets = random_batch(site, self.cfg.batch_size)
         sgd_step(list(personal.parameters()), self.supervised_loss(site, personal(inputs)[0], targets), self.alpha)
 
-    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
+    def on_download(self, site: SiteView, download: Download, first: bool) -> None:
         super().on_download(site, download, first)
         self.personalize(site)
 
-    def after_epoch(self, site: SiteRuntime, epoch: int) -> None:
+    def after_epoch(self, site: SiteView, epoch: int) -> None:
         self.personalize(site)

@@ -10,18 +10,16 @@ Upload.meta. The server's global prototypes come down in Download.meta.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from prrfl.algorithms.prototypes import PrototypeAccumulator
 from prrfl.messages import Upload
-
-if TYPE_CHECKING:
-    from prrfl.site.state import SiteRuntime
+from prrfl.site.view import SiteView
 
 
-def track(site: SiteRuntime, embedding: torch.Tensor, targets: torch.Tensor) -> None:
+def track(site: SiteView, embedding: torch.Tensor, targets: torch.Tensor) -> None:
     """Add a batch's embedding and targets (call from after_batch)."""
     vectors, classes = site.task.class_embeddings(embedding.detach(), targets)
     acc = site.memory.get("accumulator")
@@ -30,14 +28,14 @@ def track(site: SiteRuntime, embedding: torch.Tensor, targets: torch.Tensor) -> 
     acc.update(vectors, classes)
 
 
-def finish_epoch(site: SiteRuntime) -> None:
+def finish_epoch(site: SiteView) -> None:
     """The epoch's prototypes [C, D] and which classes had samples (call from after_epoch)."""
     protos, counts = site.memory.pop("accumulator").compute()
     site.memory["prototypes"] = protos.double().cpu()
     site.memory["prototype_present"] = (counts > 0).cpu()
 
 
-def upload_meta(site: SiteRuntime) -> dict[str, Any]:
+def upload_meta(site: SiteView) -> dict[str, Any]:
     return {
         "prototypes": site.memory["prototypes"].tolist(),
         "prototype_present": site.memory["prototype_present"].tolist(),
@@ -55,7 +53,7 @@ def download_meta(global_protos: torch.Tensor, global_present: torch.Tensor) -> 
     return {"global_prototypes": global_protos.tolist(), "global_prototype_present": global_present.tolist()}
 
 
-def receive(site: SiteRuntime, meta: dict[str, Any]) -> None:
+def receive(site: SiteView, meta: dict[str, Any]) -> None:
     """Keep the global prototypes of a download, when it brings some."""
     if "global_prototypes" in meta:
         site.memory["global_prototypes"] = torch.tensor(meta["global_prototypes"], dtype=torch.float64)

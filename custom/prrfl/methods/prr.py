@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +40,8 @@ from prrfl.algorithms import cpa, det, pfa, prototypes
 from prrfl.messages import Download, Upload
 from prrfl.methods import aggregation
 from prrfl.methods import prototype_exchange as protos
-from prrfl.methods.base import Method
-
-if TYPE_CHECKING:
-    from prrfl.site.state import SiteRuntime
+from prrfl.methods.base import Method, global_class_counts
+from prrfl.site.view import SiteView
 
 PHASE_NAMES: tuple[str, ...] = tuple(p.name.lower() for p in det.Phase)  # recover, exchange, sublimate
 
@@ -55,64 +54,76 @@ def allowed_phase(phase: det.Phase, allowed: Sequence[det.Phase]) -> det.Phase:
     return max(below) if below else min(allowed)
 
 
+@dataclass(frozen=True)
+class PRROptions:
+    """PRR's options (method_args of a job; the module docstring says what each ablation does),
+    checked together when they are built: a bad value is refused when the job starts, not where it is
+    first used (the server's first aggregation, a site's first epoch), which would cost a round."""
+
+    pfa_enabled: bool = True
+    r0: float = 0.35
+    r1: float = 0.48
+    r_schedule: pfa.Schedule = "paper"  # "authors": r1 = 0.475 reached only after the last round
+    pfa_components: pfa.Components = "amplitude_phase"  # "amplitude": the MICCAI PRR-FL variant
+    conv_layout: pfa.ConvLayout = "paper"  # "authors": (in*kh) x (kw*out)
+    classifier_rowwise: bool = True
+    site_weights: aggregation.Weighting = "uniform"  # or "samples": weight sites by training-set size
+    det_enabled: bool = True
+    det_phases: Sequence[det.PhaseName] = PHASE_NAMES
+    l1: float = 0.7
+    l2: float = 0.9
+    det_split: det.MetricSplit = "valid"  # "train": the authors' choice
+    cpa_global: bool = True
+    cpa_local: bool = True
+    beta: float = 0.8
+    tau: float = 3.0
+    cpa_refine_from_round: int = 0  # authors: 15
+    proto_std: prototypes.StdKind = "biased"  # "unbiased": the authors' K-1 divisor
+    proto_std_floor: float = 0.0  # authors: 1.0
+    cpa_ce_mix: float = 0.0  # authors' segmentation code: 0.5
+
+    def __post_init__(self) -> None:
+        if self.det_split not in det.DET_METRIC_SPLITS:
+            raise ValueError(f"PRR option det_split must be one of {det.DET_METRIC_SPLITS}, got {self.det_split!r}")
+        if self.site_weights not in aggregation.WEIGHTINGS:
+            raise ValueError(f"PRR option site_weights must be one of {aggregation.WEIGHTINGS}, got {self.site_weights!r}")
+        if not 0 < self.l1 <= self.l2 <= 1:
+            raise ValueError(f"PRR options need 0 < l1 <= l2 <= 1, got l1={self.l1}, l2={self.l2}")
+        if not self.det_phases or set(self.det_phases) - set(PHASE_NAMES):
+            raise ValueError(f"PRR option det_phases must be a non-empty subset of {PHASE_NAMES}, got {self.det_phases!r}")
+        object.__setattr__(self, "det_phases", tuple(self.det_phases))  # a list from a config: frozen as well
+        pfa.pfa_threshold(0, 1, r0=self.r0, r1=self.r1, schedule=self.r_schedule)  # checks r0, r1 and the schedule
+        if not 0 <= self.cpa_ce_mix <= 1:
+            raise ValueError(f"PRR option cpa_ce_mix must lie in [0, 1], got {self.cpa_ce_mix}")
+        if not (self.tau > 0 and 0 <= self.beta < math.inf and self.proto_std_floor >= 0):
+            raise ValueError(
+                f"PRR options need tau > 0, finite beta >= 0, proto_std_floor >= 0; got tau={self.tau}, beta={self.beta}, "
+                f"proto_std_floor={self.proto_std_floor}"
+            )
+
+    @property
+    def phases(self) -> tuple[det.Phase, ...]:
+        """The allowed DET phases, in order."""
+        return tuple(sorted({det.Phase[p.upper()] for p in self.det_phases}))
+
+    @property
+    def uses_cpa(self) -> bool:
+        """Whether L_sup is CPA (either part on) rather than the task's own loss."""
+        return self.cpa_global or self.cpa_local
+
+
 class PRR(Method):
     name = "prr"
     roles = ("personal", "deputy")
     eval_role = "personal"
     upload_role = "deputy"
+    options_class = PRROptions
 
-    def __init__(
-        self,
-        cfg,
-        task,
-        *,
-        pfa_enabled: bool = True,
-        r0: float = 0.35,
-        r1: float = 0.48,
-        r_schedule: pfa.Schedule = "paper",  # "authors": r1 = 0.475 reached only after the last round
-        pfa_components: pfa.Components = "amplitude_phase",  # "amplitude": the MICCAI PRR-FL variant
-        conv_layout: pfa.ConvLayout = "paper",  # "authors": (in*kh) x (kw*out)
-        classifier_rowwise: bool = True,
-        site_weights: aggregation.Weighting = "uniform",  # or "samples": weight sites by training-set size
-        det_enabled: bool = True,
-        det_phases: Sequence[det.PhaseName] = ("recover", "exchange", "sublimate"),
-        l1: float = 0.7,
-        l2: float = 0.9,
-        det_split: det.MetricSplit = "valid",  # "train": the authors' choice
-        cpa_global: bool = True,
-        cpa_local: bool = True,
-        beta: float = 0.8,
-        tau: float = 3.0,
-        cpa_refine_from_round: int = 0,  # authors: 15
-        proto_std: prototypes.StdKind = "biased",  # "unbiased": the authors' K-1 divisor
-        proto_std_floor: float = 0.0,  # authors: 1.0
-        cpa_ce_mix: float = 0.0,  # authors' segmentation code: 0.5
-    ):
+    def __init__(self, cfg, task, **options: Any):
+        """options: the fields of `PRROptions` (Method.option_parameters reads them from there)."""
         super().__init__(cfg, task)
-        if det_split not in det.DET_METRIC_SPLITS:
-            raise ValueError(f"PRR option det_split must be one of {det.DET_METRIC_SPLITS}, got {det_split!r}")
-        if site_weights not in aggregation.WEIGHTINGS:
-            raise ValueError(f"PRR option site_weights must be one of {aggregation.WEIGHTINGS}, got {site_weights!r}")
-        if not 0 < l1 <= l2 <= 1:
-            raise ValueError(f"PRR options need 0 < l1 <= l2 <= 1, got l1={l1}, l2={l2}")
-        if not det_phases or set(det_phases) - set(PHASE_NAMES):
-            raise ValueError(f"PRR option det_phases must be a non-empty subset of {PHASE_NAMES}, got {det_phases!r}")
-        # checked here, when the job starts, rather than where they are first used (the server's first
-        # aggregation, a site's first epoch): a bad value must not cost a round of training
-        pfa.pfa_threshold(0, cfg.num_rounds, r0=r0, r1=r1, schedule=r_schedule)
-        if not 0 <= cpa_ce_mix <= 1:
-            raise ValueError(f"PRR option cpa_ce_mix must lie in [0, 1], got {cpa_ce_mix}")
-        if not (tau > 0 and 0 <= beta < math.inf and proto_std_floor >= 0):
-            raise ValueError(
-                f"PRR options need tau > 0, finite beta >= 0, proto_std_floor >= 0; got tau={tau}, beta={beta}, "
-                f"proto_std_floor={proto_std_floor}"
-            )
-        self.opt = dict(locals())
-        for key in ("self", "cfg", "task", "__class__"):
-            self.opt.pop(key, None)
-        self.phases = tuple(sorted({det.Phase[p.upper()] for p in det_phases}))
-        self.uses_cpa = cpa_global or cpa_local
-        if not det_enabled:  # one model: receives the PFA output, trains with L_sup, is evaluated
+        self.opt = PRROptions(**options)
+        if not self.opt.det_enabled:  # one model: receives the PFA output, trains with L_sup, is evaluated
             self.roles, self.eval_role, self.upload_role = ("local",), "local", "local"
 
     # ----- shared ------------------------------------------------------------------------
@@ -124,23 +135,23 @@ class PRR(Method):
     def aggregate(self, uploads: list[Upload], round_idx: int, server: dict[str, Any]) -> dict[str, Download]:
         o = self.opt
         states = [u.params for u in uploads]
-        weights = aggregation.site_weights(uploads, o["site_weights"])
-        if o["pfa_enabled"]:
-            r = pfa.pfa_threshold(round_idx, self.cfg.num_rounds, r0=o["r0"], r1=o["r1"], schedule=o["r_schedule"])
+        weights = aggregation.site_weights(uploads, o.site_weights)
+        if o.pfa_enabled:
+            r = pfa.pfa_threshold(round_idx, self.cfg.num_rounds, r0=o.r0, r1=o.r1, schedule=o.r_schedule)
             mixed = pfa.pfa_aggregate(
                 states,
                 r,
                 weights=weights,
-                components=o["pfa_components"],
-                conv_layout=o["conv_layout"],
+                components=o.pfa_components,
+                conv_layout=o.conv_layout,
                 classifier_key=self.classifier_key,
-                classifier_rowwise=o["classifier_rowwise"],
+                classifier_rowwise=o.classifier_rowwise,
                 bn_keys=set(),  # BN keys never travel (shared_keys)
             )
             meta: dict[str, Any] = {"pfa_r": r}
         else:  # the ablation without PFA: a plain average of the shared weights
             mixed, meta = [aggregation.weighted_average(states, weights)] * len(uploads), {}
-        if o["cpa_local"]:
+        if o.cpa_local:
             meta.update(self._global_prototypes(uploads, server))
         return {u.site: Download(params=dict(p), meta=dict(meta)) for u, p in zip(uploads, mixed)}
 
@@ -157,13 +168,13 @@ class PRR(Method):
             generator.manual_seed(self.cfg.seed + 7919)
         site_protos, present = protos.site_prototypes(uploads)
         global_protos, global_present = prototypes.sample_global_prototypes(
-            site_protos, site_present=present, generator=generator, std=self.opt["proto_std"], std_floor=self.opt["proto_std_floor"]
+            site_protos, site_present=present, generator=generator, std=self.opt.proto_std, std_floor=self.opt.proto_std_floor
         )
         server["proto_rng"] = generator.get_state()
         return protos.download_meta(global_protos, global_present)
 
     # ----- site ----------------------------------------------------------------------------
-    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
+    def on_download(self, site: SiteView, download: Download, first: bool) -> None:
         if first:  # P and D start from the same initial model
             for role in self.roles:
                 site.models[role].load_state_dict(download.params)
@@ -171,56 +182,56 @@ class PRR(Method):
             site.models[self.upload_role].load_state_dict(download.params, strict=False)
         mem = site.memory
         mem["phase"] = None  # every download restarts DET in Recover
-        mem["round"] = download.meta["round"]
-        if self.uses_cpa:
+        mem["round"] = download.round
+        if self.opt.uses_cpa:
             c = self.task.num_classes
-            counts = torch.tensor(download.meta["global_class_counts"], dtype=torch.float64)
-            mask = cpa.conjoint_mask(counts, beta=self.opt["beta"])
-            mem["mask"] = mask if self.opt["cpa_global"] else torch.ones(c, c, dtype=torch.float64)
+            counts = torch.tensor(global_class_counts(download, self.name), dtype=torch.float64)
+            mask = cpa.conjoint_mask(counts, beta=self.opt.beta)
+            mem["mask"] = mask if self.opt.cpa_global else torch.ones(c, c, dtype=torch.float64)
         protos.receive(site, download.meta)
 
-    def before_epoch(self, site: SiteRuntime, epoch: int) -> None:
+    def before_epoch(self, site: SiteView, epoch: int) -> None:
         mem, o = site.memory, self.opt
         step = mem["round"] * self.cfg.local_epochs + epoch
-        if o["det_enabled"]:
+        if o.det_enabled:
             metric = site.task.primary_metric
-            personal = site.evaluate("personal", o["det_split"])[metric]
-            deputy = site.evaluate("deputy", o["det_split"])[metric]
-            phase = det.next_phase(mem["phase"], deputy, personal, l1=o["l1"], l2=o["l2"], just_downloaded=epoch == 0)
-            mem["phase"] = allowed_phase(phase, self.phases)
+            personal = site.evaluate("personal", o.det_split)[metric]
+            deputy = site.evaluate("deputy", o.det_split)[metric]
+            phase = det.next_phase(mem["phase"], deputy, personal, l1=o.l1, l2=o.l2, just_downloaded=epoch == 0)
+            mem["phase"] = allowed_phase(phase, self.opt.phases)
             for phase_name in PHASE_NAMES:  # 1 for the phase of this epoch, by name
                 site.log_scalar(f"det/{phase_name}", float(mem["phase"].name.lower() == phase_name), step)
             site.log_scalar("det/personal_score", personal, step)
             site.log_scalar("det/deputy_score", deputy, step)
-        if self.uses_cpa:
+        if self.opt.uses_cpa:
             mem["gamma"] = self._gamma(site)
             for c, name in enumerate(site.task.class_names):
                 site.log_scalar(f"cpa/gamma_{name}", float(mem["gamma"][c]), step)
 
-    def _gamma(self, site: SiteRuntime) -> torch.Tensor:
+    def _gamma(self, site: SiteView) -> torch.Tensor:
         mem, c = site.memory, site.task.num_classes
-        refine = self.opt["cpa_local"] and mem["round"] >= self.opt["cpa_refine_from_round"]
+        refine = self.opt.cpa_local and mem["round"] >= self.opt.cpa_refine_from_round
         if not refine or "global_prototypes" not in mem or "prototypes" not in mem:
             return torch.ones(c, dtype=torch.float64)
         present = mem["prototype_present"] & mem["global_present"]
-        return cpa.prototype_gamma(mem["prototypes"], mem["global_prototypes"], tau=self.opt["tau"], present=present)
+        return cpa.prototype_gamma(mem["prototypes"], mem["global_prototypes"], tau=self.opt.tau, present=present)
 
-    def supervised_loss(self, site: SiteRuntime, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def supervised_loss(self, site: SiteView, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The task's loss with CPA as its classification term; the task's own loss when both CPA
         parts are off."""
-        if not self.uses_cpa:
+        if not self.opt.uses_cpa:
             return self.task.loss(logits, targets)
         mask = site.memory["mask"].to(targets.device, torch.float32)
         gamma = site.memory["gamma"].to(targets.device, torch.float32)
         term = cpa.cpa_loss(logits, targets, mask, gamma=gamma)
-        mix = self.opt["cpa_ce_mix"]
+        mix = self.opt.cpa_ce_mix
         if mix:
             term = (1 - mix) * term + mix * F.cross_entropy(logits, targets)
         return self.task.loss(logits, targets, class_term=term)
 
     def losses(self, site, targets, outputs):
         losses = {role: self.supervised_loss(site, z, targets) for role, (z, _) in outputs.items()}
-        phase = site.memory["phase"] if self.opt["det_enabled"] else None
+        phase = site.memory["phase"] if self.opt.det_enabled else None
         if phase is not None:
             (z_p, _), (z_d, _) = outputs["personal"], outputs["deputy"]
             p_learns, d_learns = det.distillation_targets(phase)
@@ -232,12 +243,12 @@ class PRR(Method):
 
     def after_batch(self, site, targets, outputs):
         # prototypes come from P's embeddings of the batch it is training on (authors' choice)
-        if self.opt["cpa_local"]:
+        if self.opt.cpa_local:
             protos.track(site, outputs[self.eval_role][1], targets)
 
-    def after_epoch(self, site: SiteRuntime, epoch: int) -> None:
-        if self.opt["cpa_local"]:
+    def after_epoch(self, site: SiteView, epoch: int) -> None:
+        if self.opt.cpa_local:
             protos.finish_epoch(site)
 
-    def upload_meta(self, site: SiteRuntime) -> dict[str, Any]:
-        return protos.upload_meta(site) if self.opt["cpa_local"] else {}
+    def upload_meta(self, site: SiteView) -> dict[str, Any]:
+        return protos.upload_meta(site) if self.opt.cpa_local else {}

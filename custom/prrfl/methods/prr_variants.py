@@ -5,16 +5,15 @@ PRR-FL) changes; PFA, DET and all PRR options work as in `PRR`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
 from prrfl.messages import Download
+from prrfl.methods.base import global_class_counts
 from prrfl.methods.prr import PRR
-
-if TYPE_CHECKING:
-    from prrfl.site.state import SiteRuntime
+from prrfl.site.view import SiteView
 
 
 class PRRFL(PRR):
@@ -86,9 +85,9 @@ class FedeAMC(_PRRWithLoss):
             raise ValueError(f"FedeAMC option counts must be 'global' or 'local', got {counts!r}")
         self.counts, self.power = counts, power
 
-    def on_download(self, site: SiteRuntime, download: Download, first: bool) -> None:
+    def on_download(self, site: SiteView, download: Download, first: bool) -> None:
         super().on_download(site, download, first)
-        counts = download.meta["global_class_counts"] if self.counts == "global" else site.data.class_counts
+        counts = global_class_counts(download, self.name) if self.counts == "global" else site.class_counts
         site.memory["class_weights"] = count_weights(counts, self.power)
 
     def supervised_loss(self, site, logits, targets):

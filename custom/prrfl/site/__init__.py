@@ -1,1 +1,2 @@
-"""Site side: persistent per-site state and the shared local training loop."""
+"""Site side: persistent per-site state, the shared local training loop, and the view of a site that
+the methods' hooks get."""

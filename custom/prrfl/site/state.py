@@ -22,7 +22,6 @@ import io
 import json
 import logging
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 from prrfl.config import RunConfig
 from prrfl.data.manifest import fingerprint
 from prrfl.metrics import download_drops
+from prrfl.site.view import Scalar, SiteView
 from prrfl.storage import atomic_write, atomic_write_bytes, load_torch, save_json, save_torch_keeping_previous, set_aside
 from prrfl.tasks.base import SiteData, Task
 
@@ -50,8 +50,6 @@ MODEL_CARD_SUFFIX = ".json"  # best_<role>.json beside best_<role>.pt
 # Fields are only ever added to format 1 (weights_sha256, prrfl_version, code_commit, data_fingerprint,
 # synthetic_data came later): a reader takes a card without them, and says what it cannot check.
 MODEL_CARD_FORMAT = "prrfl-model-card/1"
-
-Scalar = Callable[[str, float, int], None]
 
 
 def save_weights(state_dict: dict[str, Any], path: Path) -> str:
@@ -129,6 +127,22 @@ class SiteRuntime:
     best: dict[str, Any] | None = None
     ood: dict[str, float] | None = None  # best model on the out-of-distribution cohort, after the last round
     history: list[dict[str, Any]] = field(default_factory=list)
+
+    def view(self) -> SiteView:
+        """What the method's hooks see of this site: its current models, optimisers and memory (`restore`
+        replaces the memory, so a view is taken per round, after it)."""
+        return SiteView(
+            name=self.name,
+            task=self.task,
+            models=self.models,
+            optimizers=self.optimizers,
+            memory=self.memory,
+            train=self.data.train,
+            class_counts=self.data.class_counts,
+            generator=self.generator,
+            evaluate=self.evaluate,
+            log_scalar=self.log_scalar,
+        )
 
     # ----- evaluation ------------------------------------------------------------------
     def evaluate(self, role: str, split_name: str) -> dict[str, float]:

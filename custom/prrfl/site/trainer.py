@@ -11,19 +11,22 @@ import torch
 
 from prrfl.messages import Download, Upload
 from prrfl.site.state import SiteRuntime
+from prrfl.site.view import SiteView
 
 log = logging.getLogger(__name__)
 
 
 def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
-    """One communication round at a site: download, E local epochs, evaluation, checkpoint, upload."""
+    """One communication round at a site: download, E local epochs, evaluation, checkpoint, upload.
+    The method's hooks see the site through `SiteRuntime.view`."""
     cfg, method = site.cfg, site.method
+    view = site.view()
     started = time.perf_counter()
     train_seconds = 0.0
     first = site.round_idx < 0
     if first and round_idx > 0:
         check_can_join(site, download, round_idx)
-    method.on_download(site, download, first=first)
+    method.on_download(view, download, first=first)
     if cfg.eval_test_every_epoch and round_idx > 0:
         # right after the download, before any local step: where retrogress shows
         test = site.evaluate(method.eval_role, "test")
@@ -36,11 +39,11 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
         for opt in site.optimizers.values():
             for group in opt.param_groups:
                 group["lr"] = method.lr_at(step)
-        method.before_epoch(site, epoch)
+        method.before_epoch(view, epoch)
         tick = time.perf_counter()
-        losses = train_epoch(site)
+        losses = train_epoch(site, view)
         train_seconds += _synchronized(site.device) - tick
-        method.after_epoch(site, epoch)
+        method.after_epoch(view, epoch)
         for role, value in losses.items():
             site.log_scalar(f"loss/{role}", value, step)
         site.log_scalar("lr", method.lr_at(step), step)
@@ -60,7 +63,7 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     if round_idx == cfg.num_rounds - 1:
         site.ood = site.evaluate_best_on_ood()
         site.write_examples()
-    upload = method.upload(site)
+    upload = method.upload(view)
     site.save()
     return upload
 
@@ -77,15 +80,15 @@ def check_can_join(site: SiteRuntime, download: Download, round_idx: int) -> Non
         )
 
 
-def train_epoch(site: SiteRuntime) -> dict[str, float]:
+def train_epoch(site: SiteRuntime, view: SiteView) -> dict[str, float]:
     """One pass over the site's training split, in the task's batches; returns the mean loss of each
-    trained model."""
+    trained model. `view`: the site as the method's hooks see it."""
     method, train = site.method, site.data.train
     for role in method.roles:
         site.models[role].train()
     totals: dict[str, float] = {}
     for inputs, targets in site.task.train_batches(train, site.cfg.batch_size, site.generator):
-        for role, loss in method.train_batch(site, inputs, targets).items():
+        for role, loss in method.train_batch(view, inputs, targets).items():
             totals[role] = totals.get(role, 0.0) + loss * len(targets)
     return {role: total / max(len(train), 1) for role, total in totals.items()}
 

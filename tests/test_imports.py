@@ -1,0 +1,94 @@
+"""The package's import graph has no circle: every module of custom/prrfl can be read knowing only the
+modules it imports. All imports count, those inside functions and under TYPE_CHECKING too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "custom" / "prrfl"
+
+
+def module_files(package: Path) -> dict[str, Path]:
+    files = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def imported_modules(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that module `name` imports (a name imported from a package counts as its
+    submodule when there is one)."""
+    root = name.split(".")[0]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:  # `import a.b.c` of a name defined in a.b
+                target = target.rpartition(".")[0]
+            if target and target.split(".")[0] == root and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    files = module_files(package)
+    return {name: imported_modules(name, path, set(files)) for name, path in files.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_the_package_has_no_import_circle():
+    graph = import_graph(PACKAGE)
+    assert {"prrfl.config", "prrfl.methods.base"} <= graph["prrfl.registry"]  # the graph is read
+    assert circles(graph) == []
+
+
+def test_the_check_finds_a_circle_through_type_checking_and_function_imports(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text("def f():\n    from ..c import x\n")
+    (package / "c.py").write_text("import pkg.a\nx = 1\n")
+    (package / "d.py").write_text("from pkg import c\n")
+    assert circles(import_graph(package)) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
