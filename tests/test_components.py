@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from torch import nn
 
@@ -22,6 +23,7 @@ from prrfl.flare.components import (
     PFA_R,
     PROTOTYPE_PRESENT,
     PROTOTYPES,
+    Answers,
     FedAvgAggregator,
     FedBNAggregator,
     FourierAggregator,
@@ -352,3 +354,72 @@ def test_to_send_is_the_deputys_shared_weights_and_save_load_keeps_the_pair(tmp_
         assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
     assert restored.receive(FLModel(params=random_state(3))) is False  # a restarted client is not at its first model
     assert restored.phase(0.8, 0.75) == Phase.RECOVER  # the download restarts DET
+
+
+# ----- the controller's rounds, with send_each scripted -------------------------------------------------
+class ScriptedRounds(PersonalizedFedAvg):
+    """PersonalizedFedAvg whose clients' answers are given per round (no FLARE engine)."""
+
+    def __init__(self, answers, **kwargs):
+        super().__init__(**kwargs)
+        self.answers, self.sent, self.messages, self.panicked, self.saved = answers, [], [], None, False
+        self.abort_signal = Signal()
+
+    def sample_clients(self, num_clients=None):
+        return ["c", "a", "b"]
+
+    def send_each(self, task_name, models, deadline, round_idx):
+        self.sent.append({c: FLModel(params={k: v.clone() for k, v in m.params.items()}, meta=dict(m.meta)) for c, m in models.items()})
+        return self.answers[round_idx]
+
+    def info(self, message):
+        self.messages.append(message)
+
+    warning = error = info
+
+    def panic(self, reason):
+        self.panicked = reason
+
+    def _save_models(self):
+        self.saved = True
+
+
+def diff(client: str, w: list[float], **meta) -> FLModel:
+    return FLModel(params_type=ParamsType.DIFF, params={"w": torch.tensor(w)}, meta={"client_name": client, **meta})
+
+
+def test_clients_that_answer_get_the_aggregate_the_others_keep_their_model():
+    initial = {"w": torch.tensor([1.0, 1.0]), "bn.running_mean": torch.tensor([3.0])}
+    round0 = Answers(
+        results={"a": diff("a", [2.0, 0.0], class_counts=[1, 2]), "b": diff("b", [0.0, 4.0], class_counts=[3, 0])},
+        missing={"c": "no result within the deadline"},
+    )
+    round1 = Answers(results={"a": diff("a", [1.0, 1.0]), "b": diff("b", [1.0, 1.0])})
+    controller = ScriptedRounds(
+        [round0, round1],
+        num_rounds=2,
+        aggregator=FedAvgAggregator(weighting="uniform"),
+        model=initial,
+        prototypes=PrototypeExchange(),
+    )
+    controller.run()
+    assert controller.panicked is None and controller.saved
+    first, second = controller.sent
+    assert sorted(first) == ["a", "b", "c"] and all(m.meta == {} for m in first.values())
+    # round 0: a trained to [3, 1], b to [1, 5] (sent + difference); their average [2, 3]; c keeps the initial model
+    assert second["a"].params["w"].tolist() == second["b"].params["w"].tolist() == [2.0, 3.0]
+    assert second["c"].params["w"].tolist() == [1.0, 1.0]
+    assert all(m.params["bn.running_mean"].tolist() == [3.0] for m in second.values())  # never returned: unchanged
+    assert all(m.meta == {GLOBAL_CLASS_COUNTS: [4, 2]} for m in second.values())  # c gets the global statistics too
+    assert controller.models["a"]["w"].tolist() == [3.0, 4.0] and controller.models["c"]["w"].tolist() == [1.0, 1.0]
+    assert any("no result from c" in m and "keeps its previous model" in m for m in controller.messages)
+
+
+def test_too_few_usable_results_stop_the_job_without_saving():
+    bad = FLModel(params_type=ParamsType.DIFF, params={"x": torch.ones(1)}, meta={"client_name": "a"})  # a key never sent
+    answers = Answers(results={"a": bad, "b": diff("b", [1.0, 1.0])}, missing={"c": "gone"})
+    controller = ScriptedRounds([answers], num_rounds=1, aggregator=FedAvgAggregator("uniform"), model={"w": torch.zeros(2)}, min_clients=2)
+    controller.run()
+    assert controller.panicked.startswith("round 0: only 1 of 3 clients sent a usable result (['b'])") and not controller.saved
+    assert any("the result of a cannot be used" in m for m in controller.messages)
+    assert controller.models["b"]["w"].tolist() == [0.0, 0.0]  # nothing of the failed round is kept
