@@ -31,7 +31,7 @@ def accuracy(model: torch.nn.Module, loader: DataLoader) -> float:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--data_root", required=True, help="folder with one ImageFolder per site: <site>/train, <site>/valid")
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args()

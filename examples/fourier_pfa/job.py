@@ -25,7 +25,7 @@ AGGREGATORS = {
 }
 
 
-def build_job(aggregator: str, rounds: int, sites: int, data_root: str, epochs: int = 1) -> FedJob:
+def build_job(aggregator: str, rounds: int, sites: int, data_root: str, epochs: int = 2) -> FedJob:
     job = FedJob(name=f"fourier_pfa_{aggregator}", min_clients=sites)
     job.set_app_packages(["prrfl"])  # imported from the installation, not copied into the job
     controller = PersonalizedFedAvg(
@@ -51,7 +51,7 @@ def main():
     parser.add_argument("--aggregator", choices=sorted(AGGREGATORS), default="fourier")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sites", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=1, help="local epochs per round")
+    parser.add_argument("--epochs", type=int, default=2, help="local epochs per round (DET starts each round in Recover: use 2 or more)")
     parser.add_argument("--data_root", default="/tmp/nvflare/fourier_pfa/data", help="what prepare_data.py wrote")
     parser.add_argument("--workspace", default="/tmp/nvflare/fourier_pfa/workspace", help="the simulator's workspace")
     parser.add_argument("--export", metavar="DIR", help="write the job folder to DIR instead of running it")
