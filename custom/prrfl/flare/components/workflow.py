@@ -1,0 +1,166 @@
+"""`PersonalizedFedAvg`: FedAvg's loop with one model per client. FedAvg, FedBN and PFA are three
+aggregators on this one controller.
+
+Each round the controller sends every client ITS OWN model (`PerClientController.send_each`), turns the
+results into full weights, lets the aggregator compute one new model per client and, when it has a
+`PrototypeExchange`, adds the global class counts and prototypes to each client's next model. A client
+that fails, is missing or whose result cannot be used keeps its previous model; fewer than `min_clients`
+usable results stop the job. At the end every client's final model is saved as
+`<run dir>/models/<client>.pt` (a state dict, `torch.save`).
+
+The server keeps, per client, the last FULL model it knows of that client: what it sent, with the keys of
+the aggregate replaced. A client may return only some keys (e.g. its shared weights, keeping BatchNorm at
+home): the aggregator sees those, the others stay as they were. Results may be FULL weights or a DIFF
+against what was sent (a ScriptRunner with params_transfer_type=DIFF); params travel as torch tensors
+(ScriptRunner(server_expected_format=ExchangeFormat.PYTORCH)); numpy arrays are accepted too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_opt.pt.decomposers import TensorDecomposer
+from nvflare.fuel.utils import fobs
+from torch import nn
+
+from prrfl.flare.components.aggregators import PerClientAggregator, as_tensors
+from prrfl.flare.components.controller import PerClientController
+from prrfl.flare.components.prototypes import PrototypeExchange
+from prrfl.storage import save_torch
+
+MODELS_DIR = "models"  # under the job's run dir on the server: <client>.pt per client
+
+
+def full_weights(result: FLModel, sent: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A result's params as full weights: FULL as they are, DIFF added to what was `sent` (in its dtype).
+    KeyError for a key that was not sent; ValueError for another params type."""
+    params = as_tensors(result.params or {})
+    if result.params_type in (None, ParamsType.FULL):
+        return params
+    if result.params_type != ParamsType.DIFF:
+        raise ValueError(f"cannot use params of type {result.params_type}")
+    unknown = sorted(set(params) - set(sent))
+    if unknown:
+        raise KeyError(f"a difference for keys that were not sent: {unknown[:5]}")
+    return {k: (sent[k] + d.to(sent[k].device)).to(sent[k].dtype) for k, d in params.items()}
+
+
+class PersonalizedFedAvg(PerClientController):
+    """FedAvg's rounds with a `PerClientAggregator`: every client trains and receives a model of its own.
+
+    num_rounds: rounds to run. aggregator: a PerClientAggregator (FedAvgAggregator, FedBNAggregator,
+    FourierAggregator, ...). model: the initial model of every client, an nn.Module (its state dict is
+    used; in an exported job the module is rebuilt from its class and arguments) or a state dict (in a job
+    built and run in Python only). min_clients: usable results needed in every round. prototypes: a
+    PrototypeExchange whose global statistics go into the meta of every client's next model. task_name:
+    the clients' train task. timeout: seconds a round waits for results (None: until all answered or
+    are gone).
+    """
+
+    def __init__(
+        self,
+        num_rounds: int,
+        aggregator: PerClientAggregator,
+        model: nn.Module | Mapping[str, torch.Tensor],
+        min_clients: int = 1,
+        prototypes: PrototypeExchange | None = None,
+        task_name: str = "train",
+        timeout: float | None = None,
+    ):
+        super().__init__(persistor_id="")  # no persistor: the controller keeps and saves one model per client
+        if not isinstance(num_rounds, int) or num_rounds < 1:
+            raise ValueError(f"num_rounds must be a positive integer, got {num_rounds!r}")
+        if not isinstance(min_clients, int) or min_clients < 1:
+            raise ValueError(f"min_clients must be a positive integer, got {min_clients!r}")
+        if not isinstance(aggregator, PerClientAggregator):
+            raise TypeError(f"aggregator must be a PerClientAggregator, got {type(aggregator).__name__}")
+        if prototypes is not None and not isinstance(prototypes, PrototypeExchange):
+            raise TypeError(f"prototypes must be a PrototypeExchange, got {type(prototypes).__name__}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be positive seconds or None, got {timeout!r}")
+        # attributes named like the arguments: FLARE's job export reads them back
+        self.num_rounds, self.aggregator, self.model = num_rounds, aggregator, model
+        self.min_clients, self.prototypes, self.task_name, self.timeout = min_clients, prototypes, task_name, timeout
+        self.models: dict[str, dict[str, torch.Tensor]] = {}  # client -> its current full model
+        self.next_meta: dict[str, dict[str, Any]] = {}  # client -> meta for its next model (global statistics)
+
+    def initial_state(self) -> dict[str, torch.Tensor]:
+        state = self.model.state_dict() if isinstance(self.model, nn.Module) else self.model
+        return {k: v.detach().cpu().clone() for k, v in state.items()}
+
+    def run(self) -> None:
+        fobs.register(TensorDecomposer)
+        try:
+            self._run()
+        finally:
+            self.release_lost()
+
+    def _run(self) -> None:
+        initial = self.initial_state()
+        for round_idx in range(self.num_rounds):
+            if self.abort_signal.triggered:
+                return
+            clients = sorted(self.sample_clients())
+            for client in clients:
+                self.models.setdefault(client, {k: v.clone() for k, v in initial.items()})
+            self.info(f"round {round_idx + 1}/{self.num_rounds}: sending each of {len(clients)} clients its own model")
+            answers = self.send_each(self.task_name, {c: self._task_model(c, round_idx) for c in clients}, self.timeout, round_idx)
+            if self.abort_signal.triggered:
+                return
+            for client, why in sorted(answers.missing.items()):
+                self.warning(f"round {round_idx}: no result from {client}: {why}; it keeps its previous model")
+            accepted = self._accept(answers.results, round_idx)
+            if len(accepted) < self.min_clients:
+                self.panic(
+                    f"round {round_idx}: only {len(accepted)} of {len(clients)} clients sent a usable result ({sorted(accepted)}), "
+                    f"fewer than min_clients={self.min_clients}; the job stops"
+                )
+                return
+            try:
+                outputs = self.aggregator.aggregate_models(round_idx, self.num_rounds)
+            except ValueError as e:  # e.g. clients' models of different shapes
+                self.panic(f"round {round_idx}: the aggregation failed: {e}; the job stops")
+                return
+            finally:
+                self.aggregator.reset_stats()
+            for client, output in outputs.items():
+                self.models[client].update(output.params)
+            if self.prototypes is not None:
+                self.next_meta.update(self.prototypes.exchange({c: answers.results[c].meta or {} for c in accepted}, clients))
+            meta = next(iter(outputs.values())).meta
+            self.info(f"round {round_idx} done: aggregated {sorted(accepted)}" + (f"; {meta}" if meta else ""))
+        self._save_models()
+
+    def _task_model(self, client: str, round_idx: int) -> FLModel:
+        return FLModel(
+            params_type=ParamsType.FULL,
+            params=self.models[client],
+            current_round=round_idx,
+            total_rounds=self.num_rounds,
+            meta=dict(self.next_meta.get(client, {})),
+        )
+
+    def _accept(self, results: Mapping[str, FLModel], round_idx: int) -> list[str]:
+        """The aggregator takes each usable result (as full weights); returns the clients it took."""
+        self.aggregator.reset_stats()
+        accepted = []
+        for client in sorted(results):
+            result = results[client]
+            try:
+                full = full_weights(result, self.models[client])
+                self.aggregator.accept_model(FLModel(params_type=ParamsType.FULL, params=full, meta=dict(result.meta or {})))
+            except (KeyError, ValueError) as e:
+                self.error(f"round {round_idx}: the result of {client} cannot be used: {e}; it keeps its previous model")
+                continue
+            accepted.append(client)
+        return accepted
+
+    def _save_models(self) -> None:
+        folder = Path(self.engine.get_workspace().get_run_dir(self.fl_ctx.get_job_id())) / MODELS_DIR
+        for client, state in sorted(self.models.items()):
+            save_torch(state, folder / f"{client}.pt")
+        self.info(f"saved the final model of each of {len(self.models)} clients to {folder}/<client>.pt")

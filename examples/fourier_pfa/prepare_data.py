@@ -1,0 +1,55 @@
+"""Writes the example's data: synthetic dermoscopy images, one torchvision ImageFolder per site.
+
+    <out>/site-1/train/{bkl,mel,nv}/*.png, <out>/site-1/valid/..., <out>/site-2/...
+
+site-i holds cohort i of prrfl's synthetic federation (A, B, C, D: the HAM10000 and ISIC 2017 cohorts,
+each with its own acquisition look), so the sites' images differ as real hospitals' do. The images are
+rendered from a seed (the same files every time) and written atomically: a folder is complete or absent.
+"""
+
+import argparse
+from pathlib import Path
+
+from prrfl.data.derm.layout import CLASS_NAMES, TRAIN_SITES
+from prrfl.data.derm.plan import plan_federation
+from prrfl.data.derm.synthetic import render_synthetic_image
+from prrfl.storage import publish_dir, temp_dir_beside
+
+
+def write_site_folders(
+    out: Path, sites: int = 2, train_per_class: int = 8, valid_per_class: int = 3, size: int = 32, seed: int = 0
+) -> Path:
+    """Write <out>/site-1 .. site-<sites> (replacing an older <out>); returns `out`."""
+    if not 1 <= sites <= len(TRAIN_SITES):
+        raise ValueError(f"sites must lie in [1, {len(TRAIN_SITES)}], got {sites}")
+    cohorts = TRAIN_SITES[:sites]
+    planned = plan_federation(0.01, seed, sites=cohorts, distractors=False)
+    tmp = temp_dir_beside(out)
+    for i, cohort in enumerate(cohorts, start=1):
+        for name in CLASS_NAMES:
+            items = [item for item in planned if item.site == cohort and item.dx == name][: train_per_class + valid_per_class]
+            for j, item in enumerate(items):
+                split = "train" if j < train_per_class else "valid"
+                folder = tmp / f"site-{i}" / split / name
+                folder.mkdir(parents=True, exist_ok=True)
+                image = render_synthetic_image(item, 4 * size, 3 * size)  # 4:3, as the cohorts' photographs
+                left = (image.width - image.height) // 2
+                image.crop((left, 0, left + image.height, image.height)).resize((size, size)).save(folder / f"{item.image_id}.png")
+    return publish_dir(tmp, out, overwrite=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="/tmp/nvflare/fourier_pfa/data")
+    parser.add_argument("--sites", type=int, default=2)
+    parser.add_argument("--train_per_class", type=int, default=8)
+    parser.add_argument("--valid_per_class", type=int, default=3)
+    parser.add_argument("--size", type=int, default=32, help="image side in pixels")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    out = write_site_folders(Path(args.out), args.sites, args.train_per_class, args.valid_per_class, args.size, args.seed)
+    print(f"wrote {args.sites} sites' images to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,425 @@
+"""prrfl.flare.components: per-client aggregators, prototype exchange and the DET pair, without FLARE running."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from nvflare.apis.signal import Signal
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from torch import nn
+
+from prrfl.algorithms.det import Phase
+from prrfl.algorithms.pfa import pfa_aggregate, pfa_threshold
+from prrfl.algorithms.prototypes import sample_global_prototypes
+from prrfl.flare.components import (
+    CLASS_COUNTS,
+    GLOBAL_CLASS_COUNTS,
+    GLOBAL_PROTOTYPE_PRESENT,
+    GLOBAL_PROTOTYPES,
+    NUM_SAMPLES,
+    PFA_R,
+    PROTOTYPE_PRESENT,
+    PROTOTYPES,
+    Answers,
+    FedAvgAggregator,
+    FedBNAggregator,
+    FourierAggregator,
+    GlobalStatistics,
+    PersonalizedFedAvg,
+    PersonalizedPair,
+    PrototypeExchange,
+    PrototypeTracker,
+)
+from prrfl.flare.components.aggregators import uploads
+from prrfl.flare.components.workflow import full_weights
+from prrfl.messages import Upload
+from prrfl.methods.aggregation import site_weights
+from prrfl.methods.prr import PRR
+
+BN = ("bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc1 = nn.Linear(4, 6)
+        self.fc2 = nn.Linear(6, 3, bias=False)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))))
+
+
+def random_state(seed: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    state = Net().state_dict()
+    g = torch.Generator().manual_seed(seed)
+    return {
+        k: torch.randint(0, 9, v.shape, generator=g) if k.endswith("tracked") else torch.randn(v.shape, generator=g)
+        for k, v in state.items()
+    }
+
+
+STATES = {"site-1": random_state(1), "site-2": random_state(2), "site-3": random_state(3)}
+SAMPLES = {"site-1": 10, "site-2": 30, "site-3": 60}
+
+
+# ----- aggregators --------------------------------------------------------------------------------
+@pytest.mark.parametrize("components", ["amplitude_phase", "amplitude"])
+@pytest.mark.parametrize("weighting", ["uniform", "samples"])
+def test_fourier_aggregator_is_pfa_aggregate_with_the_same_arguments(components, weighting):
+    aggregator = FourierAggregator(r0=0.2, r1=0.45, components=components, weighting=weighting, classifier_key="fc2.weight")
+    out = aggregator.aggregate_states(STATES, SAMPLES, round_idx=1, num_rounds=4)
+    r = pfa_threshold(1, 4, r0=0.2, r1=0.45)
+    # what PRR.aggregate calls: the weights of site_weights over the uploads in the same order
+    expected = pfa_aggregate(
+        list(STATES.values()),
+        r,
+        weights=site_weights(uploads(STATES, SAMPLES), weighting),
+        components=components,
+        classifier_key="fc2.weight",
+    )
+    assert list(out) == list(STATES) and aggregator.r == r == pytest.approx(0.2 + (0.45 - 0.2) / 3)  # linear, round 1 of 0..3
+    for client, want in zip(STATES, expected):
+        assert out[client].keys() == want.keys()
+        assert all(torch.equal(out[client][k], want[k]) for k in want)  # the same computation: no deviation at all
+    for key in BN:  # BN stays at each client
+        assert all(torch.equal(out[c][key], STATES[c][key]) for c in STATES)
+    assert not torch.equal(out["site-1"]["conv.weight"], out["site-2"]["conv.weight"])  # one model per client
+
+
+def test_fourier_aggregator_uniform_weights_equal_pfa_without_weights():
+    out = FourierAggregator().aggregate_states(STATES, {}, round_idx=0, num_rounds=3)
+    expected = pfa_aggregate(list(STATES.values()), 0.35)
+    assert all(torch.equal(out[c][k], e[k]) for c, e in zip(STATES, expected) for k in e)
+
+
+def test_fourier_aggregator_rejects_bad_settings():
+    with pytest.raises(ValueError, match="r1"):
+        FourierAggregator(r1=0.6)
+    with pytest.raises(ValueError, match="components"):
+        FourierAggregator(components="phase")
+    with pytest.raises(ValueError, match="weighting"):
+        FourierAggregator(weighting="sizes")
+
+
+def tiny(a: float, b: float, bn: float) -> dict[str, torch.Tensor]:
+    return {
+        "fc.weight": torch.tensor([[a, b]]),
+        "fc.bias": torch.tensor([b]),
+        "bn.running_mean": torch.tensor([bn]),
+        "bn.num_batches_tracked": torch.tensor(int(bn)),
+    }
+
+
+def test_fedavg_is_the_hand_computed_weighted_average_for_every_client():
+    states = {"a": tiny(1.0, 2.0, 4.0), "b": tiny(5.0, -2.0, 8.0)}
+    out = FedAvgAggregator().aggregate_states(states, {"a": 1, "b": 3}, 0, 1)  # weights 1/4, 3/4
+    for client in states:
+        assert torch.equal(out[client]["fc.weight"], torch.tensor([[4.0, -1.0]]))  # 0.25*1 + 0.75*5, 0.25*2 - 0.75*2
+        assert torch.equal(out[client]["fc.bias"], torch.tensor([-1.0]))
+        assert torch.equal(out[client]["bn.running_mean"], torch.tensor([7.0]))  # FedAvg averages BN too
+        assert out[client]["bn.num_batches_tracked"].item() == 7
+    uniform = FedAvgAggregator(weighting="uniform").aggregate_states(states, {}, 0, 1)
+    assert torch.equal(uniform["b"]["fc.weight"], torch.tensor([[3.0, 0.0]]))
+    assert out["a"]["fc.weight"].data_ptr() != out["b"]["fc.weight"].data_ptr()  # no shared storage between clients
+
+
+def test_fedbn_averages_all_but_batchnorm():
+    states = {"a": tiny(1.0, 2.0, 4.0), "b": tiny(5.0, -2.0, 8.0)}
+    out = FedBNAggregator().aggregate_states(states, {"a": 1, "b": 3}, 0, 1)
+    for client, own in (("a", 4.0), ("b", 8.0)):
+        assert torch.equal(out[client]["fc.weight"], torch.tensor([[4.0, -1.0]]))
+        assert torch.equal(out[client]["bn.running_mean"], torch.tensor([own]))
+        assert out[client]["bn.num_batches_tracked"].item() == int(own)
+    explicit = FedBNAggregator(weighting="uniform", local_keys=["fc.bias"]).aggregate_states(states, {}, 0, 1)
+    assert torch.equal(explicit["a"]["fc.bias"], torch.tensor([2.0])) and torch.equal(explicit["b"]["fc.bias"], torch.tensor([-2.0]))
+    assert torch.equal(explicit["a"]["bn.running_mean"], torch.tensor([6.0]))  # named keys only: BN averaged here
+
+
+def result(client: str, state, n: int | None = 5, params_type=ParamsType.FULL) -> FLModel:
+    meta = {"client_name": client} if n is None else {"client_name": client, NUM_SAMPLES: n}
+    return FLModel(params_type=params_type, params=state, meta=meta)
+
+
+def test_accept_aggregate_reset_through_flmodels():
+    aggregator = FourierAggregator(weighting="samples")
+    for client, state in STATES.items():
+        aggregator.accept_model(result(client, state, SAMPLES[client]))
+    models = aggregator.aggregate_models(round_idx=2, num_rounds=3)
+    direct = aggregator.aggregate_states(STATES, SAMPLES, 2, 3)
+    assert list(models) == list(STATES)
+    for client, model in models.items():
+        assert model.params_type == ParamsType.FULL and model.current_round == 2 and model.meta == {PFA_R: 0.48}
+        assert all(torch.equal(model.params[k], direct[client][k]) for k in direct[client])
+    aggregator.reset_stats()
+    with pytest.raises(ValueError, match="no result"):
+        aggregator.aggregate_models(0, 3)
+
+
+def test_accept_model_refuses_what_it_cannot_use():
+    aggregator = FedAvgAggregator()  # weighting="samples"
+    with pytest.raises(ValueError, match="FULL"):
+        aggregator.accept_model(result("a", tiny(1, 2, 3), params_type=ParamsType.DIFF))
+    with pytest.raises(ValueError, match=NUM_SAMPLES):
+        aggregator.accept_model(result("a", tiny(1, 2, 3), n=None))
+    with pytest.raises(ValueError, match="client_name"):
+        aggregator.accept_model(FLModel(params=tiny(1, 2, 3), meta={NUM_SAMPLES: 3}))
+    aggregator.accept_model(result("a", tiny(1, 2, 3)))
+    with pytest.raises(ValueError, match="already"):
+        aggregator.accept_model(result("a", tiny(1, 2, 3)))
+    FedAvgAggregator(weighting="uniform").accept_model(result("a", tiny(1, 2, 3), n=None))  # no size needed
+
+
+def test_a_difference_is_added_to_what_was_sent():
+    sent = {"w": torch.tensor([1.0, 2.0]), "bn.running_mean": torch.tensor([0.5])}
+    diff = FLModel(params_type=ParamsType.DIFF, params={"w": torch.tensor([0.25, -1.0], dtype=torch.float64)})
+    full = full_weights(diff, sent)
+    assert full.keys() == {"w"} and torch.equal(full["w"], torch.tensor([1.25, 1.0])) and full["w"].dtype == torch.float32
+    assert full_weights(FLModel(params_type=ParamsType.FULL, params={"w": torch.ones(2)}), sent)["w"].tolist() == [1.0, 1.0]
+    with pytest.raises(KeyError, match="not sent"):
+        full_weights(FLModel(params_type=ParamsType.DIFF, params={"x": torch.ones(1)}), sent)
+
+
+def test_the_controller_checks_its_arguments():
+    with pytest.raises(TypeError, match="PerClientAggregator"):
+        PersonalizedFedAvg(num_rounds=2, aggregator=object(), model=Net())
+    with pytest.raises(ValueError, match="num_rounds"):
+        PersonalizedFedAvg(num_rounds=0, aggregator=FedAvgAggregator(), model=Net())
+    controller = PersonalizedFedAvg(num_rounds=2, aggregator=FedAvgAggregator(), model=Net().state_dict())
+    assert controller.initial_state().keys() == Net().state_dict().keys()
+
+
+# ----- prototypes -----------------------------------------------------------------------------------
+def client_meta(seed: int, present: list[bool]) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        PROTOTYPES: torch.randn(3, 4, generator=g, dtype=torch.float64).tolist(),
+        PROTOTYPE_PRESENT: present,
+        CLASS_COUNTS: [seed, 2 * seed, 0 if not present[2] else 1],
+    }
+
+
+RESULTS = {"site-1": client_meta(1, [True, True, False]), "site-2": client_meta(2, [True, True, True])}
+
+
+def test_prototype_exchange_is_sample_global_prototypes_on_one_continued_generator():
+    exchange = PrototypeExchange(std="unbiased", std_floor=0.5, seed=11)
+    generator = torch.Generator().manual_seed(11)
+    protos = torch.tensor([m[PROTOTYPES] for m in RESULTS.values()], dtype=torch.float64)
+    present = torch.tensor([m[PROTOTYPE_PRESENT] for m in RESULTS.values()])
+    for _ in range(2):  # the second round continues the stream
+        metas = exchange.exchange(RESULTS, clients=["site-1", "site-2", "site-3"])
+        want, want_present = sample_global_prototypes(protos, present, generator=generator, std="unbiased", std_floor=0.5)
+        assert list(metas) == ["site-1", "site-2", "site-3"]  # a client without a result this round gets them too
+        for meta in metas.values():
+            assert meta[GLOBAL_PROTOTYPES] == want.tolist() and meta[GLOBAL_PROTOTYPE_PRESENT] == want_present.tolist()
+            assert meta[GLOBAL_CLASS_COUNTS] == [3, 6, 1]
+
+
+def test_prototype_exchange_gives_what_prr_samples_today():
+    """PRR._global_prototypes with seed s is PrototypeExchange(seed=s + 7919), round after round."""
+    prr = SimpleNamespace(cfg=SimpleNamespace(seed=5), opt={"proto_std": "biased", "proto_std_floor": 0.0})
+    ups = [Upload(site=s, params={}, num_train=1, class_counts=[], meta=m) for s, m in RESULTS.items()]
+    server: dict = {}
+    exchange = PrototypeExchange(seed=5 + 7919)
+    for _ in range(3):
+        expected = PRR._global_prototypes(prr, ups, server)
+        got = exchange.exchange(RESULTS)["site-1"]
+        assert got[GLOBAL_PROTOTYPES] == expected["global_prototypes"]
+        assert got[GLOBAL_PROTOTYPE_PRESENT] == expected["global_prototype_present"]
+
+
+def test_a_restored_exchange_draws_what_the_original_draws_next():
+    original = PrototypeExchange(seed=3)
+    original.exchange(RESULTS)
+    saved = original.state_dict()
+    next_draw = original.exchange(RESULTS)
+    resumed = PrototypeExchange(seed=99)
+    resumed.load_state_dict(saved)
+    assert resumed.exchange(RESULTS) == next_draw
+    assert PrototypeExchange(seed=99).exchange(RESULTS) != next_draw  # the state, not the seed, decides
+
+
+def test_per_client_draws_one_set_per_client_in_order():
+    metas = PrototypeExchange(seed=4, per_client=True).exchange(RESULTS)
+    shared = PrototypeExchange(seed=4).exchange(RESULTS)
+    assert metas["site-1"][GLOBAL_PROTOTYPES] == shared["site-1"][GLOBAL_PROTOTYPES]  # the first draw
+    assert metas["site-2"][GLOBAL_PROTOTYPES] != metas["site-1"][GLOBAL_PROTOTYPES]
+    assert shared["site-2"][GLOBAL_PROTOTYPES] == shared["site-1"][GLOBAL_PROTOTYPES]
+
+
+def test_an_exchange_without_prototypes_sends_counts_only():
+    metas = PrototypeExchange().exchange({"a": {CLASS_COUNTS: [1, 2]}, "b": {CLASS_COUNTS: [3, 0]}})
+    assert metas == {"a": {GLOBAL_CLASS_COUNTS: [4, 2]}, "b": {GLOBAL_CLASS_COUNTS: [4, 2]}}
+
+
+def test_tracker_attaches_the_class_means_and_the_reader_finds_them():
+    tracker = PrototypeTracker(num_classes=3)
+    tracker.update(torch.tensor([[1.0, 0.0], [3.0, 2.0]]), torch.tensor([0, 0]))
+    tracker.update(torch.tensor([[0.0, 6.0]]), torch.tensor([2]))
+    model = tracker.attach(FLModel(params={}, meta={"kept": 1}), class_counts=[5, 0, 2])
+    assert model.meta == {
+        "kept": 1,
+        PROTOTYPES: [[2.0, 1.0], [0.0, 0.0], [0.0, 6.0]],
+        PROTOTYPE_PRESENT: [True, False, True],
+        CLASS_COUNTS: [5, 0, 2],
+    }
+    tracker.reset()
+    with pytest.raises(RuntimeError, match="update"):
+        tracker.attach(FLModel(params={}), class_counts=[1, 1, 1])
+    with pytest.raises(ValueError, match="class_counts"):
+        PrototypeTracker(2).attach(FLModel(params={}), class_counts=[1, 1, 1])
+
+    assert GlobalStatistics.from_model(FLModel(params={})) == GlobalStatistics(None, None, None)
+    sent = PrototypeExchange().exchange({"a": model.meta})["a"]
+    stats = GlobalStatistics.from_model(FLModel(params={}, meta=sent))
+    assert stats.class_counts.tolist() == [5, 0, 2] and stats.present.tolist() == [True, False, True]
+    assert stats.prototypes.tolist() == [[2.0, 1.0], [0.0, 0.0], [0.0, 6.0]]  # one client: sigma 0, the mean itself
+
+
+# ----- the DET pair ----------------------------------------------------------------------------------
+def pair() -> PersonalizedPair:
+    torch.manual_seed(0)
+    return PersonalizedPair(Net(), Net())
+
+
+def test_first_model_goes_to_both_later_ones_to_the_deputy_without_bn():
+    p = pair()
+    first, second = random_state(1), random_state(2)
+    assert p.receive(FLModel(params=first)) is True
+    for model in (p.personal, p.deputy):
+        assert all(torch.equal(v, first[k]) for k, v in model.state_dict().items())
+    assert p.receive(FLModel(params=second)) is False
+    personal, deputy = p.personal.state_dict(), p.deputy.state_dict()
+    for key in deputy:
+        assert torch.equal(personal[key], first[key])  # P is never overwritten
+        assert torch.equal(deputy[key], first[key] if key in BN else second[key])  # D keeps its own BN
+    shared = {k: v for k, v in second.items() if k not in BN}
+    p.receive(FLModel(params={k: v + 1 for k, v in shared.items()}))  # only the shared keys: fine
+    assert torch.equal(p.deputy.state_dict()["fc2.weight"], second["fc2.weight"] + 1)
+
+
+def test_phases_follow_the_scores_and_restart_after_a_download():
+    p = pair()
+    p.receive(FLModel(params=random_state(1)))
+    # personal 0.8: l1 * P = 0.56, l2 * P = 0.72
+    assert p.phase(0.8, 0.9) == Phase.RECOVER  # just downloaded, whatever the scores
+    assert p.phase(0.8, 0.5) == Phase.RECOVER  # 0.5 < 0.56
+    assert p.phase(0.8, 0.75) == Phase.EXCHANGE  # from Recover: never straight to Sublimate
+    assert p.phase(0.8, 0.75) == Phase.SUBLIMATE  # 0.75 >= 0.72
+    assert p.phase(0.8, 0.6) == Phase.EXCHANGE  # 0.56 <= 0.6 < 0.72: falls back
+    p.receive(FLModel(params=random_state(2)))
+    assert p.phase(0.8, 0.8) == Phase.RECOVER
+
+
+def test_distillation_goes_from_the_leading_model_to_the_other():
+    p = pair()
+    z_p = torch.tensor([[0.0, math.log(3.0)]], requires_grad=True)  # softmax [1/4, 3/4]
+    z_d = torch.tensor([[0.0, 0.0]], requires_grad=True)  # softmax [1/2, 1/2]
+    d_from_p = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)  # KL([1/4, 3/4] || [1/2, 1/2])
+    p_from_d = 0.5 * math.log(2.0) + 0.5 * math.log(2.0 / 3.0)  # KL([1/2, 1/2] || [1/4, 3/4])
+    with pytest.raises(RuntimeError, match="phase"):
+        p.distillation(z_p, z_d)
+    expected = {Phase.RECOVER: (0.0, d_from_p), Phase.EXCHANGE: (p_from_d, d_from_p), Phase.SUBLIMATE: (p_from_d, 0.0)}
+    for phase, (for_p, for_d) in expected.items():
+        p.current_phase = phase
+        extra_p, extra_d = p.distillation(z_p, z_d)
+        assert extra_p.item() == pytest.approx(for_p, abs=1e-6) and extra_d.item() == pytest.approx(for_d, abs=1e-6)  # float32
+    p.current_phase = Phase.RECOVER
+    _, extra_d = p.distillation(z_p, z_d)
+    extra_d.backward()
+    assert z_p.grad is None and z_d.grad is not None  # the teacher (P) is detached
+
+
+def test_to_send_is_the_deputys_shared_weights_and_save_load_keeps_the_pair(tmp_path):
+    p = pair()
+    p.receive(FLModel(params=random_state(1)))
+    p.receive(FLModel(params=random_state(2)))
+    p.phase(0.8, 0.5)
+    sent = p.to_send(metrics={"accuracy": 0.5})
+    deputy = p.deputy.state_dict()
+    assert sent.params.keys() == set(deputy) - set(BN) and sent.params_type == ParamsType.FULL
+    assert all(torch.equal(v, deputy[k]) for k, v in sent.params.items()) and sent.metrics == {"accuracy": 0.5}
+
+    p.save(tmp_path / "pair.pt")
+    restored = PersonalizedPair(Net(), Net())
+    assert restored.load(tmp_path / "missing.pt") is False and restored.load(tmp_path / "pair.pt") is True
+    assert restored.current_phase == Phase.RECOVER and restored.downloads == 2
+    for a, b in ((restored.personal, p.personal), (restored.deputy, p.deputy)):
+        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    assert restored.receive(FLModel(params=random_state(3))) is False  # a restarted client is not at its first model
+    assert restored.phase(0.8, 0.75) == Phase.RECOVER  # the download restarts DET
+
+
+# ----- the controller's rounds, with send_each scripted -------------------------------------------------
+class ScriptedRounds(PersonalizedFedAvg):
+    """PersonalizedFedAvg whose clients' answers are given per round (no FLARE engine)."""
+
+    def __init__(self, answers, **kwargs):
+        super().__init__(**kwargs)
+        self.answers, self.sent, self.messages, self.panicked, self.saved = answers, [], [], None, False
+        self.abort_signal = Signal()
+
+    def sample_clients(self, num_clients=None):
+        return ["c", "a", "b"]
+
+    def send_each(self, task_name, models, deadline, round_idx):
+        self.sent.append({c: FLModel(params={k: v.clone() for k, v in m.params.items()}, meta=dict(m.meta)) for c, m in models.items()})
+        return self.answers[round_idx]
+
+    def info(self, message):
+        self.messages.append(message)
+
+    warning = error = info
+
+    def panic(self, reason):
+        self.panicked = reason
+
+    def _save_models(self):
+        self.saved = True
+
+
+def diff(client: str, w: list[float], **meta) -> FLModel:
+    return FLModel(params_type=ParamsType.DIFF, params={"w": torch.tensor(w)}, meta={"client_name": client, **meta})
+
+
+def test_clients_that_answer_get_the_aggregate_the_others_keep_their_model():
+    initial = {"w": torch.tensor([1.0, 1.0]), "bn.running_mean": torch.tensor([3.0])}
+    round0 = Answers(
+        results={"a": diff("a", [2.0, 0.0], class_counts=[1, 2]), "b": diff("b", [0.0, 4.0], class_counts=[3, 0])},
+        missing={"c": "no result within the deadline"},
+    )
+    round1 = Answers(results={"a": diff("a", [1.0, 1.0]), "b": diff("b", [1.0, 1.0])})
+    controller = ScriptedRounds(
+        [round0, round1],
+        num_rounds=2,
+        aggregator=FedAvgAggregator(weighting="uniform"),
+        model=initial,
+        prototypes=PrototypeExchange(),
+    )
+    controller.run()
+    assert controller.panicked is None and controller.saved
+    first, second = controller.sent
+    assert sorted(first) == ["a", "b", "c"] and all(m.meta == {} for m in first.values())
+    # round 0: a trained to [3, 1], b to [1, 5] (sent + difference); their average [2, 3]; c keeps the initial model
+    assert second["a"].params["w"].tolist() == second["b"].params["w"].tolist() == [2.0, 3.0]
+    assert second["c"].params["w"].tolist() == [1.0, 1.0]
+    assert all(m.params["bn.running_mean"].tolist() == [3.0] for m in second.values())  # never returned: unchanged
+    assert all(m.meta == {GLOBAL_CLASS_COUNTS: [4, 2]} for m in second.values())  # c gets the global statistics too
+    assert controller.models["a"]["w"].tolist() == [3.0, 4.0] and controller.models["c"]["w"].tolist() == [1.0, 1.0]
+    assert any("no result from c" in m and "keeps its previous model" in m for m in controller.messages)
+
+
+def test_too_few_usable_results_stop_the_job_without_saving():
+    bad = FLModel(params_type=ParamsType.DIFF, params={"x": torch.ones(1)}, meta={"client_name": "a"})  # a key never sent
+    answers = Answers(results={"a": bad, "b": diff("b", [1.0, 1.0])}, missing={"c": "gone"})
+    controller = ScriptedRounds([answers], num_rounds=1, aggregator=FedAvgAggregator("uniform"), model={"w": torch.zeros(2)}, min_clients=2)
+    controller.run()
+    assert controller.panicked.startswith("round 0: only 1 of 3 clients sent a usable result (['b'])") and not controller.saved
+    assert any("the result of a cannot be used" in m for m in controller.messages)
+    assert controller.models["b"]["w"].tolist() == [0.0, 0.0]  # nothing of the failed round is kept
