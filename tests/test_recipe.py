@@ -3,6 +3,7 @@ job.py and `prrfl run` on SimEnv and PocEnv (ProdEnv: tests/test_faults.py, on a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -80,6 +81,39 @@ def test_job_py_exports_with_flares_own_flags(tmp_path):
     # job.py asks FLARE to start the job only once every site of the task is connected
     assert exported.pop("meta.json")["min_clients"] == 4 and committed.pop("meta.json")["min_clients"] == 1
     assert exported == committed
+
+
+def test_job_py_takes_config_fields_with_set_as_prrfl_run_does():
+    spec = importlib.util.spec_from_file_location("job_script", ROOT / "job.py")
+    job_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job_script)
+    sets = ["--set", "num_rounds=2", "--set", "data.image_size=32", "--set=method_args.det_enabled=false"]
+    recipe, _, sites = job_script.build_recipe(["--task", "prostate", "--method", "prr", *sets])
+    assert (recipe.name, recipe.config.num_rounds, sites) == ("prostate_prr", 2, 5)
+    assert recipe.config.data == {**job_config("prostate_prr").data, "image_size": 32}
+    assert recipe.config.method_args["det_enabled"] is False
+    for sets, message in [
+        (["--set", "lr"], "--set expects KEY=VALUE, got 'lr'"),
+        (["--set", "lr=abc"], "config field 'lr' must be a number"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            job_script.build_recipe(sets)
+
+
+def test_cross_site_evaluation_is_the_second_server_workflow_unless_turned_off(tmp_path):
+    def workflows(job: Path) -> list[tuple[str, str]]:
+        server = json.loads((job / "app/config/config_fed_server.json").read_text())
+        return [(w["id"], w["path"]) for w in server["workflows"]]
+
+    job = PersonalizedRecipe(task="derm", method="fedbn").export_folder(tmp_path / "on")
+    assert workflows(job) == [
+        ("workflow", "prrfl.flare.workflow.PersonalizedWorkflow"),
+        ("cross_site_eval", "prrfl.flare.cross_site.CrossSiteEvaluation"),
+    ]
+    client = json.loads((job / "app/config/config_fed_client.json").read_text())
+    assert client["executors"][0]["executor"]["args"]["task_script_args"] == "--run-name derm_fedbn"  # where its best model is
+    off = PersonalizedRecipe(task="derm", method="fedbn", cross_site_eval=False).export_folder(tmp_path / "off")
+    assert workflows(off) == [("workflow", "prrfl.flare.workflow.PersonalizedWorkflow")]
 
 
 def test_privacy_filter_and_bundled_package_in_the_recipe(tmp_path):
