@@ -186,7 +186,8 @@ def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simula
     assert (tmp_path / "ws" / "derm_prr.state" / "server" / "derm_prr" / "server_state.pt").exists()
     ((title, table),) = printed_tables(tmp_path / "ws", capsys).items()  # <workspace>/<job>/ and <job>.state/: one run
     assert title.startswith("derm_prr (run ") and title.endswith(f"{tmp_path}/ws/derm_prr/server/simulate_job/results.json")
-    assert f"\n\n{table}" in out  # the table `prrfl run` printed
+    per_site, matrix = table.split("\n\nCross-site evaluation: ")  # prrfl results adds FLARE's cross-site matrix
+    assert f"\n\n{per_site}" in out and "| A's model |" in matrix  # the table `prrfl run` printed
 
     job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config())
     ref = subprocess.run(simulator_command(job, tmp_path / "ref", 2), env=env, capture_output=True, text=True, timeout=400)
@@ -219,4 +220,5 @@ def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path
     assert not our_processes(str(poc)), "POC processes left running"
     # the POC workspace holds the run three times (the server's and the sites' prrfl/ folders, the admin's download)
     ((title, table),) = printed_tables(poc, capsys).items()
-    assert title.startswith("derm_prr (run ") and f"\n\n{table}" in out
+    per_site = table.split("\n\nCross-site evaluation: ")[0]  # prrfl results adds FLARE's cross-site matrix
+    assert title.startswith("derm_prr (run ") and f"\n\n{per_site}" in out
