@@ -118,3 +118,11 @@ def test_flares_matrix_in_the_crosseval_layout():
     assert result["cohorts"] == {"site-1": "A", "site-2": "B", "site-3": "C"} and result["errors"] == {"site-3": "not asked"}
     assert (result["run_id"], result["run_name"], result["method"], result["seed"]) == ("run-1", "derm_prr", "prr", 0)
     assert summary_line(result) == "specialization bacc 75.0 auc 76.0 (no generalization: the test splits are not pooled)"
+
+
+def test_the_protocol_table_shows_a_deployment_run_without_generalization():
+    from prrfl.report import protocol_table
+
+    matrix = {d: {m: {"bacc": 60.0, "auc": 70.0} for m in ("site-1", "site-2")} for d in ("site-1", "site-2")}
+    table = protocol_table([cross_site_eval_result(server_results(), matrix)], ["prr"], ("bacc", "auc")).splitlines()
+    assert table[2] == "| prr | 1 | not evaluated (FLARE's cross-site evaluation: no pooled test split) | – | – | 60.00 | 70.00 |"
