@@ -126,3 +126,10 @@ def test_the_protocol_table_shows_a_deployment_run_without_generalization():
     matrix = {d: {m: {"bacc": 60.0, "auc": 70.0} for m in ("site-1", "site-2")} for d in ("site-1", "site-2")}
     table = protocol_table([cross_site_eval_result(server_results(), matrix)], ["prr"], ("bacc", "auc")).splitlines()
     assert table[2] == "| prr | 1 | not evaluated (FLARE's cross-site evaluation: no pooled test split) | – | – | 60.00 | 70.00 |"
+
+
+def test_the_site_script_takes_the_run_name_and_leaves_the_site_settings_arguments():
+    from prrfl.flare.site_app import job_arguments
+
+    assert job_arguments(["--run-name", "derm_prr", "--data-root", "/data"]) == ("derm_prr", ["--data-root", "/data"])
+    assert job_arguments([]) == (None, [])  # a job exported before cross-site evaluation: submit_model says so
