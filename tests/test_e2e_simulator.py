@@ -59,7 +59,9 @@ def test_prrfl_results_prints_the_runs_table_from_the_workspace(finished_run, ca
     server = ws / "server/simulate_job/results.json"
     ((title, table),) = printed_tables(ws, capsys).items()
     assert title == f"derm_prr (run {json.loads(server.read_text())['run_id']}, task derm): {server}"
-    assert table == (ws / "server/simulate_job/results.md").read_text().strip()  # the table the job wrote
+    per_site, matrix = table.split("\n\nCross-site evaluation: each site's best model (rows) on each site's test split\n\n")
+    assert per_site == (ws / "server/simulate_job/results.md").read_text().strip()  # the table the job wrote
+    assert matrix.splitlines()[0] == "| prr: F1 on → | A | B |"  # FLARE's cross-site matrix (crosseval.json beside results.json)
 
 
 def test_prr_has_no_global_model_so_each_sites_model_scores_generalization(finished_run):
@@ -76,6 +78,30 @@ def test_prr_has_no_global_model_so_each_sites_model_scores_generalization(finis
         reported = json.loads((ws / site / "prrfl/derm_prr/results.json").read_text())["best"]["test"]
         assert result["cross_site"][site][site] == reported  # the reported model, re-evaluated: the same numbers
         assert result["specialization"]["per_site"][site] == {"bacc": reported["bacc"], "auc": reported["auc"]}
+
+
+def test_flares_cross_site_evaluation_scores_every_best_model_on_every_sites_test_split(finished_run):
+    """After training, FLARE's CrossSiteEval (prrfl.flare.cross_site): each site's best model travels to every
+    site and is scored there; the diagonal is what each site reported for its best model, value for value (the
+    same weights on the same split in the same process), and the whole matrix is the one `prrfl crosseval`
+    computes with every site's files on one disk."""
+    from prrfl.crosseval import write_crosseval
+
+    ws, proc = finished_run
+    run = ws / "server/simulate_job"
+    flare_matrix = json.loads((run / "cross_site_val/cross_val_results.json").read_text())  # data site -> model site
+    assert {d: sorted(m) for d, m in flare_matrix.items()} == {"site-1": ["site-1", "site-2"], "site-2": ["site-1", "site-2"]}
+    result = json.loads((run / "crosseval.json").read_text())
+    assert result["errors"] == {} and result["generalization"] is None and result["cohorts"] == {"site-1": "A", "site-2": "B"}
+    for site in ("site-1", "site-2"):
+        reported = json.loads((ws / site / "prrfl/derm_prr/results.json").read_text())
+        assert result["cross_site"][site][site] == reported["best"]["test"]
+        assert result["models"][site]["round"] == reported["best"]["round"]
+        card = json.loads((ws.with_name("ws.state") / site / "derm_prr/best_personal.json").read_text())
+        assert result["models"][site]["weights_sha256"] == card["weights_sha256"]
+    [offline] = write_crosseval(ws)
+    assert result["cross_site"] == json.loads(offline.read_text())["cross_site"]
+    assert "cross-site evaluation: specialization bacc" in proc.stdout + proc.stderr
 
 
 def test_a_saved_best_model_is_evaluated_from_its_card_without_the_federation(finished_run, tmp_path, capsys):
@@ -244,6 +270,9 @@ def test_a_nan_upload_and_a_site_failure_travel_through_flare_and_leave_the_site
     assert server["sites"]["site-2"]["participation"] == {"rounds": 2, "aggregated": [], "missed": [0, 1], "stale": True}
     assert "best" not in server["sites"]["site-2"]  # no upload of it was used: no numbers, only the mark
     assert server["sites"]["site-1"]["participation"]["aggregated"] == [0, 1]
+    assert "cross-site evaluation without ['site-2']: they did not complete the run's last round" in out
+    crosseval = json.loads((tmp_path / "ws/server/simulate_job/crosseval.json").read_text())
+    assert list(crosseval["cross_site"]) == ["site-1"] and list(crosseval["cross_site"]["site-1"]) == ["site-1"]
 
 
 def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):

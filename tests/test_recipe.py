@@ -3,6 +3,7 @@ job.py and `prrfl run` on SimEnv and PocEnv (ProdEnv: tests/test_faults.py, on a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -82,6 +83,39 @@ def test_job_py_exports_with_flares_own_flags(tmp_path):
     assert exported == committed
 
 
+def test_job_py_takes_config_fields_with_set_as_prrfl_run_does():
+    spec = importlib.util.spec_from_file_location("job_script", ROOT / "job.py")
+    job_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job_script)
+    sets = ["--set", "num_rounds=2", "--set", "data.image_size=32", "--set=method_args.det_enabled=false"]
+    recipe, _, sites = job_script.build_recipe(["--task", "prostate", "--method", "prr", *sets])
+    assert (recipe.name, recipe.config.num_rounds, sites) == ("prostate_prr", 2, 5)
+    assert recipe.config.data == {**job_config("prostate_prr").data, "image_size": 32}
+    assert recipe.config.method_args["det_enabled"] is False
+    for sets, message in [
+        (["--set", "lr"], "--set expects KEY=VALUE, got 'lr'"),
+        (["--set", "lr=abc"], "config field 'lr' must be a number"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            job_script.build_recipe(sets)
+
+
+def test_cross_site_evaluation_is_the_second_server_workflow_unless_turned_off(tmp_path):
+    def workflows(job: Path) -> list[tuple[str, str]]:
+        server = json.loads((job / "app/config/config_fed_server.json").read_text())
+        return [(w["id"], w["path"]) for w in server["workflows"]]
+
+    job = PersonalizedRecipe(task="derm", method="fedbn").export_folder(tmp_path / "on")
+    assert workflows(job) == [
+        ("workflow", "prrfl.flare.workflow.PersonalizedWorkflow"),
+        ("cross_site_eval", "prrfl.flare.cross_site.CrossSiteEvaluation"),
+    ]
+    client = json.loads((job / "app/config/config_fed_client.json").read_text())
+    assert client["executors"][0]["executor"]["args"]["task_script_args"] == "--run-name derm_fedbn"  # where its best model is
+    off = PersonalizedRecipe(task="derm", method="fedbn", cross_site_eval=False).export_folder(tmp_path / "off")
+    assert workflows(off) == [("workflow", "prrfl.flare.workflow.PersonalizedWorkflow")]
+
+
 def test_privacy_filter_and_bundled_package_in_the_recipe(tmp_path):
     recipe = PersonalizedRecipe(task="derm", method="prr", privacy="percentile", bundle=True)
     job = recipe.export_folder(tmp_path)
@@ -152,7 +186,8 @@ def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simula
     assert (tmp_path / "ws" / "derm_prr.state" / "server" / "derm_prr" / "server_state.pt").exists()
     ((title, table),) = printed_tables(tmp_path / "ws", capsys).items()  # <workspace>/<job>/ and <job>.state/: one run
     assert title.startswith("derm_prr (run ") and title.endswith(f"{tmp_path}/ws/derm_prr/server/simulate_job/results.json")
-    assert f"\n\n{table}" in out  # the table `prrfl run` printed
+    per_site, matrix = table.split("\n\nCross-site evaluation: ")  # prrfl results adds FLARE's cross-site matrix
+    assert f"\n\n{per_site}" in out and "| A's model |" in matrix  # the table `prrfl run` printed
 
     job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config())
     ref = subprocess.run(simulator_command(job, tmp_path / "ref", 2), env=env, capture_output=True, text=True, timeout=400)
@@ -185,4 +220,5 @@ def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path
     assert not our_processes(str(poc)), "POC processes left running"
     # the POC workspace holds the run three times (the server's and the sites' prrfl/ folders, the admin's download)
     ((title, table),) = printed_tables(poc, capsys).items()
-    assert title.startswith("derm_prr (run ") and f"\n\n{table}" in out
+    per_site = table.split("\n\nCross-site evaluation: ")[0]  # prrfl results adds FLARE's cross-site matrix
+    assert title.startswith("derm_prr (run ") and f"\n\n{per_site}" in out

@@ -15,6 +15,11 @@ AUC over the classes present; Dice for segmentation, per volume, the volumes of 
 This needs every site's test split and models in one place: the simulator's workspace (or any setting
 where one person holds all the data). Each site's results.json says where its state folder and data are;
 the server's results.json where the global model is. Written to `<workspace>/prrfl/<run_name>/crosseval.json`.
+
+On a deployment no one holds all the data: FLARE's cross-site evaluation (prrfl.flare.cross_site) has each
+site score every site's best model on its own test split, and `cross_site_eval_result` puts FLARE's matrix
+in the same layout, written beside the server's results.json. It has the cross-site matrix and
+specialization (its diagonal); generalization needs the pooled test splits, so it is null there.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch
 
 from prrfl.config import RunConfig
 from prrfl.metrics import nanmean
-from prrfl.registry import build_method, build_task
+from prrfl.registry import build_method, build_task, task_class
 from prrfl.storage import load_json, load_torch, save_json
 from prrfl.tasks.base import Split
 
@@ -128,6 +133,40 @@ def evaluate_run(run: RunFiles, device: str | torch.device = "cpu") -> dict[str,
     }
 
 
+def cross_site_eval_result(
+    server: dict[str, Any],
+    matrix: dict[str, dict[str, dict[str, float]]],
+    models: dict[str, dict[str, Any]] | None = None,
+    errors: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The crosseval.json of a run evaluated by FLARE's cross-site evaluation. server: the workflow's
+    results.json; matrix: FLARE's cross_val_results.json (data site -> model site -> metrics); models:
+    site -> its card's cohort, round, role and weights_sha256; errors: what could not be evaluated, and why."""
+    cfg = RunConfig.from_dict(server["config"])
+    metrics = list(task_class(cfg.task).protocol_metrics)
+    cross: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)  # model site -> data site, as evaluate_run
+    for data_site, by_model in sorted(matrix.items()):
+        for model_site, values in sorted(by_model.items()):
+            cross[model_site][data_site] = values
+    own = {site: {k: row[site][k] for k in metrics} for site, row in sorted(cross.items()) if site in row}
+    return {
+        "run_id": server["run_id"],
+        "run_name": cfg.run_name,
+        "task": cfg.task,
+        "method": cfg.method,
+        "seed": cfg.seed,
+        "metrics": metrics,
+        "evaluated_by": "FLARE cross-site evaluation: each site scored every site's best model on its own test split",
+        "cohorts": {site: summary["cohort"] for site, summary in server["sites"].items() if "cohort" in summary},
+        "models": dict(sorted((models or {}).items())),
+        "errors": dict(sorted((errors or {}).items())),
+        "pooled_test_samples": None,
+        "generalization": None,  # the pooled test splits of all sites are in no one place
+        "specialization": {"values": {k: nanmean(v[k] for v in own.values()) for k in metrics}, "per_site": own},
+        "cross_site": dict(sorted(cross.items())),
+    }
+
+
 def write_crosseval(workspace: str | Path, device: str | torch.device = "cpu") -> list[Path]:
     """Evaluate every finished run in the workspace and write its crosseval.json; returns the files."""
     written = []
@@ -143,7 +182,10 @@ def summary_line(result: dict[str, Any]) -> str:
         return " ".join(f"{k} {part['values'][k]:.1f}" for k in result["metrics"])
 
     gen = result["generalization"]
-    return f"generalization ({gen['model']}) {values(gen)}; specialization {values(result['specialization'])}"
+    spec = f"specialization {values(result['specialization'])}"
+    return (
+        f"generalization ({gen['model']}) {values(gen)}; {spec}" if gen else f"{spec} (no generalization: the test splits are not pooled)"
+    )
 
 
 def _loaded(model: torch.nn.Module, path: Path, device: torch.device) -> torch.nn.Module:

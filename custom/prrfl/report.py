@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from prrfl.crosseval import CROSSEVAL_FILE
 from prrfl.metrics import download_drops, label, nanmean
 from prrfl.registry import task_class
 from prrfl.storage import load_json, save_text
@@ -121,12 +122,19 @@ class RunResults:
     task: str
     source: str  # where the numbers come from, for the table's title
     summaries: dict[str, dict[str, Any]]
+    crosseval: dict[str, Any] | None = None  # the crosseval.json beside the server's results.json (FLARE's cross-site evaluation)
 
     def title(self) -> str:
         return f"{self.name} (run {self.run_id}, task {self.task}): {self.source}"
 
     def table(self) -> str:
-        return results_table(self.summaries, task_class(self.task).metric_names[:2])
+        """The per-site table; then the cross-site matrix of the task's primary metric, when the run has one."""
+        metrics = task_class(self.task).metric_names[:2]
+        table = results_table(self.summaries, metrics)
+        if self.crosseval:
+            matrix = cross_site_table([self.crosseval], self.crosseval["method"], metrics[0], task_class(self.task).site_names)
+            table += f"\n\nCross-site evaluation: each site's best model (rows) on each site's test split\n\n{matrix}"
+        return table
 
 
 def results_kind(data: Any) -> str | None:
@@ -177,7 +185,15 @@ def find_runs(folder: str | Path) -> tuple[list[RunResults], list[str]]:
         if run_id in servers:
             path, data = servers[run_id]
             config = data["config"]
-            run = RunResults(config.get("run_name", "?"), run_id, config.get("task", LEGACY_TASK), str(path), data["sites"])
+            crosseval = path.with_name(CROSSEVAL_FILE)
+            run = RunResults(
+                config.get("run_name", "?"),
+                run_id,
+                config.get("task", LEGACY_TASK),
+                str(path),
+                data["sites"],
+                load_json(crosseval) if crosseval.is_file() else None,
+            )
             written = path.stat().st_mtime
         else:
             found = sites[run_id]
@@ -591,14 +607,19 @@ def _save(fig, path: Path) -> Path:
 
 # ----- FCA's generalization / specialization protocol ----------------------------------------
 PROTOCOL_LABELS = {"auc": "bAUC"}  # FCA's name: the mean one-vs-rest AUC over the classes present
-GENERALIZATION_MODELS = {"global": "global model (last round)", "sites": "each site's model, mean over sites"}
+GENERALIZATION_MODELS = {
+    "global": "global model (last round)",
+    "sites": "each site's model, mean over sites",
+    None: "not evaluated (FLARE's cross-site evaluation: no pooled test split)",
+}
 
 
 def protocol_results(results: Sequence[SiteResult]) -> list[dict[str, Any]]:
     """Each run's crosseval.json (`prrfl.crosseval`, written by `prrfl sweep` and `prrfl crosseval`),
-    computed here for a run that has none yet; a run that cannot be evaluated (its models or data are not
-    on this machine) is left out with a warning."""
-    from prrfl.crosseval import CROSSEVAL_FILE, write_crosseval
+    computed here for a run that has none yet. A run that cannot be evaluated here (its models or data are
+    not on this machine) is taken from the crosseval.json of FLARE's cross-site evaluation beside the server's
+    results.json in the workspace (no generalization), else left out with a warning."""
+    from prrfl.crosseval import write_crosseval
 
     found: dict[str, dict[str, Any] | None] = {}
     for r in results:
@@ -610,7 +631,11 @@ def protocol_results(results: Sequence[SiteResult]) -> list[dict[str, Any]]:
             try:
                 write_crosseval(workspace)
             except (OSError, ValueError, RuntimeError, KeyError) as e:
-                log.warning("run %s (%s): no generalization/specialization evaluation: %s", r.run_id, workspace, e)
+                deployed = [p for p in sorted(workspace.rglob(CROSSEVAL_FILE)) if load_json(p).get("run_id") == r.run_id]
+                if deployed:
+                    path = deployed[0]
+                else:
+                    log.warning("run %s (%s): no generalization/specialization evaluation: %s", r.run_id, workspace, e)
         found[r.run_id] = load_json(path) if path.exists() else None
     return [p for p in found.values() if p is not None]
 
@@ -624,10 +649,10 @@ def protocol_table(protocols: Sequence[dict[str, Any]], methods: Sequence[str], 
         runs = [p for p in protocols if p["method"] == method]
         if not runs:
             continue
-        scored_by = "; ".join(sorted({GENERALIZATION_MODELS[p["generalization"]["model"]] for p in runs}))
+        scored_by = "; ".join(sorted({GENERALIZATION_MODELS[p["generalization"]["model"] if p["generalization"] else None] for p in runs}))
         cells = [method, str(len({p["seed"] for p in runs})), scored_by]
         for part in ("generalization", "specialization"):
-            cells += [mean_std([p[part]["values"][m] for p in runs]) for m in metrics]
+            cells += [mean_std([p[part]["values"][m] for p in runs if p[part]]) for m in metrics]
         body.append(cells)
     note = (
         "FCA's protocol, in percent. Spec: each site's model at its best validation round on its own test split, "

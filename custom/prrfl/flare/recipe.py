@@ -7,9 +7,10 @@
     run = recipe.execute(SimEnv(num_clients=4, workspace_root="workspace"))
     print(run.get_result())
 
-The recipe builds one server app (PersonalizedWorkflow + a tracking receiver, prrfl.flare.tracking) and
-one client app (the Client API script prrfl_site.py + the event converter that streams each site's
-scalars to the server), deployed to every site. `recipe.export(<dir>)` writes the job folder that
+The recipe builds one server app (PersonalizedWorkflow, then FLARE's cross-site evaluation of the
+sites' best models, prrfl.flare.cross_site, + a tracking receiver, prrfl.flare.tracking) and one client
+app (the Client API script prrfl_site.py + the event converter that streams each site's scalars to the
+server), deployed to every site. `recipe.export(<dir>)` writes the job folder that
 `nvflare simulator` and `nvflare job submit` take; the committed folders under jobs/ are such exports
 (`prrfl jobs export`, and `prrfl jobs check` fails when they differ from what the recipe writes).
 
@@ -43,6 +44,7 @@ from nvflare.recipe.spec import ExecEnv, Recipe
 from prrfl.config import ConfigError, RunConfig, unknown_names_error
 from prrfl.errors import CommandFailed
 from prrfl.flare import places
+from prrfl.flare.cross_site import CrossSiteEvaluation
 from prrfl.flare.jobs import JOBS, job_values
 from prrfl.flare.protocol import TASK_TRAIN
 from prrfl.flare.tracking import TRACKING, receiver
@@ -102,7 +104,9 @@ class PersonalizedRecipe(Recipe):
     privacy: one of PRIVACY_FILTERS, applied to every site's upload. resume: the workflow's resume mode
     (False, True or "auto"). workflow_args: further PersonalizedWorkflow arguments (state_dir,
     task_timeout, ...). tracking, tracking_uri: "tensorboard" or "mlflow" (prrfl.flare.tracking).
-    bundle: ship the prrfl package in the job's custom/ folder.
+    cross_site_eval: after training, every site scores every site's best model on its own test split
+    (prrfl.flare.cross_site; the matrix in the server's run folder). bundle: ship the prrfl package in
+    the job's custom/ folder.
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class PersonalizedRecipe(Recipe):
         workflow_args: Mapping[str, Any] | None = None,
         tracking: str = "tensorboard",
         tracking_uri: str | None = None,
+        cross_site_eval: bool = True,
         bundle: bool = False,
     ):
         job_name, self.config = recipe_config(job, task, method, config, overrides)
@@ -134,6 +139,8 @@ class PersonalizedRecipe(Recipe):
         fed = FedJob(name=name or job_name, min_clients=min_clients)
         fed.set_app_packages(["prrfl"])  # imported from the installation (or the bundle), never traced file by file
         fed.to_server(PersonalizedWorkflow(config=self.config.to_dict(), resume=resume, **workflow_args), id="workflow")
+        if cross_site_eval:
+            fed.to_server(CrossSiteEvaluation(), id="cross_site_eval")
         fed.to_server(receiver(tracking, tracking_uri, experiment=self.config.run_name), id="receiver")
         # ScriptRunner's executor, with the script shipped as a file source: ScriptRunner itself wants the
         # script under the current directory, and a recipe must build from anywhere
@@ -141,6 +148,7 @@ class PersonalizedRecipe(Recipe):
             ClientAPIExecutor(
                 execution_mode="in_process",
                 task_script_path=SITE_SCRIPT.name,
+                task_script_args=f"--run-name {self.config.run_name}",  # where the site finds its best model
                 params_exchange_format=ExchangeFormat.PYTORCH,
                 server_expected_format=ExchangeFormat.PYTORCH,
             )
@@ -187,6 +195,7 @@ def export_job(
     resume: bool | str = False,
     tracking: str = "tensorboard",
     tracking_uri: str | None = None,
+    cross_site_eval: bool = True,
 ) -> Path:
     """The job `name` (with the config cfg, default the table's) exported as <out_root>/<name>/ by its
     recipe (PersonalizedRecipe); the arguments are the recipe's."""
@@ -199,6 +208,7 @@ def export_job(
         resume=resume,
         tracking=tracking,
         tracking_uri=tracking_uri,
+        cross_site_eval=cross_site_eval,
     )
     return recipe.export_folder(out_root)
 
