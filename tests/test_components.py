@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -35,9 +34,7 @@ from prrfl.flare.components import (
 )
 from prrfl.flare.components.aggregators import uploads
 from prrfl.flare.components.workflow import full_weights
-from prrfl.messages import Upload
 from prrfl.methods.aggregation import site_weights
-from prrfl.methods.prr import PRR
 
 BN = ("bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
 
@@ -219,19 +216,6 @@ def test_prototype_exchange_is_sample_global_prototypes_on_one_continued_generat
         for meta in metas.values():
             assert meta[GLOBAL_PROTOTYPES] == want.tolist() and meta[GLOBAL_PROTOTYPE_PRESENT] == want_present.tolist()
             assert meta[GLOBAL_CLASS_COUNTS] == [3, 6, 1]
-
-
-def test_prototype_exchange_gives_what_prr_samples_today():
-    """PRR._global_prototypes with seed s is PrototypeExchange(seed=s + 7919), round after round."""
-    prr = SimpleNamespace(cfg=SimpleNamespace(seed=5), opt={"proto_std": "biased", "proto_std_floor": 0.0})
-    ups = [Upload(site=s, params={}, num_train=1, class_counts=[], meta=m) for s, m in RESULTS.items()]
-    server: dict = {}
-    exchange = PrototypeExchange(seed=5 + 7919)
-    for _ in range(3):
-        expected = PRR._global_prototypes(prr, ups, server)
-        got = exchange.exchange(RESULTS)["site-1"]
-        assert got[GLOBAL_PROTOTYPES] == expected["global_prototypes"]
-        assert got[GLOBAL_PROTOTYPE_PRESENT] == expected["global_prototype_present"]
 
 
 def test_a_restored_exchange_draws_what_the_original_draws_next():

@@ -30,6 +30,7 @@ from prrfl.flare import protocol as P
 from prrfl.flare.cross_site import CARD
 from prrfl.flare.site_config import SettingsReport, SiteConfig, per_site_name
 from prrfl.inference import load_saved_model
+from prrfl.messages import PrepareReply
 from prrfl.registry import build_method, build_task
 from prrfl.site.state import SiteRuntime
 from prrfl.site.trainer import estimate_round_seconds, run_round
@@ -219,18 +220,16 @@ def runtime_for(runtime: SiteRuntime | None, site: str, meta: dict, local: SiteC
 def run_task(runtime: SiteRuntime, task_name: str, model: flare.FLModel, settings: SettingsReport | None = None) -> flare.FLModel:
     if task_name == P.TASK_PREPARE:
         data = runtime.data
-        return flare.FLModel(
-            params={},
-            meta={
-                "cohort": data.cohort,
-                "num_train": data.num_train,
-                "class_counts": data.class_counts,
-                "data_root": runtime.data_root,  # None: the embedded synthetic federation
-                "state_dir": str(runtime.state_dir),
-                "settings": (settings or SettingsReport()).to_meta(),
-                "round_estimate_s": estimate_round_seconds(runtime),  # for the first round's deadline
-            },
+        reply = PrepareReply(
+            cohort=data.cohort,
+            num_train=data.num_train,
+            class_counts=data.class_counts,
+            state_dir=str(runtime.state_dir),
+            data_root=runtime.data_root,  # None: the embedded synthetic federation
+            settings=(settings or SettingsReport()).to_meta(),
+            round_estimate_s=estimate_round_seconds(runtime),  # for the first round's deadline
         )
+        return flare.FLModel(params={}, meta=reply.to_meta())
     if task_name == P.TASK_TRAIN:
         download = P.model_to_download(model)
         upload = run_round(runtime, download, model.meta[P.ROUND])

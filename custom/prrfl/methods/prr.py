@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from prrfl.algorithms import cpa, det, pfa, prototypes
+from prrfl.flare.components.aggregators import PFA_R, FedAvgAggregator, FourierAggregator
+from prrfl.flare.components.prototypes import PrototypeExchange
 from prrfl.messages import Download, Upload
 from prrfl.methods import aggregation
 from prrfl.methods import prototype_exchange as protos
@@ -133,45 +135,45 @@ class PRR(Method):
 
     # ----- server --------------------------------------------------------------------------
     def aggregate(self, uploads: list[Upload], round_idx: int, server: dict[str, Any]) -> dict[str, Download]:
+        """The FLARE components' aggregators on the uploads (prrfl.flare.components): PFA (or, without it, the
+        weighted average of the shared weights), then CPA's global prototypes from the prototype exchange."""
         o = self.opt
-        states = [u.params for u in uploads]
-        weights = aggregation.site_weights(uploads, o.site_weights)
+        states = {u.site: u.params for u in uploads}
+        samples = {u.site: u.num_train for u in uploads}
         if o.pfa_enabled:
-            r = pfa.pfa_threshold(round_idx, self.cfg.num_rounds, r0=o.r0, r1=o.r1, schedule=o.r_schedule)
-            mixed = pfa.pfa_aggregate(
-                states,
-                r,
-                weights=weights,
+            aggregator = FourierAggregator(
+                r0=o.r0,
+                r1=o.r1,
+                schedule=o.r_schedule,
                 components=o.pfa_components,
                 conv_layout=o.conv_layout,
                 classifier_key=self.classifier_key,
                 classifier_rowwise=o.classifier_rowwise,
-                bn_keys=set(),  # BN keys never travel (shared_keys)
+                weighting=o.site_weights,
+                bn_keys=(),  # BN keys never travel (shared_keys)
             )
-            meta: dict[str, Any] = {"pfa_r": r}
         else:  # the ablation without PFA: a plain average of the shared weights
-            mixed, meta = [aggregation.weighted_average(states, weights)] * len(uploads), {}
-        if o.cpa_local:
-            meta.update(self._global_prototypes(uploads, server))
-        return {u.site: Download(params=dict(p), meta=dict(meta)) for u, p in zip(uploads, mixed)}
+            aggregator = FedAvgAggregator(weighting=o.site_weights)
+        mixed = aggregator.aggregate_states(states, samples, round_idx, self.cfg.num_rounds)
+        meta = aggregator.output_meta(round_idx, self.cfg.num_rounds)
+        exchanged = self._global_prototypes(uploads, server) if o.cpa_local else {}
+        return {site: Download(params=dict(params), meta={**meta, **exchanged.get(site, {})}) for site, params in mixed.items()}
 
     def server_scalars(self, downloads: dict[str, Download]) -> dict[str, float]:
         """PFA's r of the round (the same for every site)."""
-        r = next((d.meta["pfa_r"] for d in downloads.values() if "pfa_r" in d.meta), None)
+        r = next((d.meta[PFA_R] for d in downloads.values() if PFA_R in d.meta), None)
         return {} if r is None else {"pfa/r": r}
 
-    def _global_prototypes(self, uploads: list[Upload], server: dict[str, Any]) -> dict[str, Any]:
-        generator = torch.Generator()
-        if "proto_rng" in server:  # continue the persisted stream: a resumed server samples the same prototypes
-            generator.set_state(server["proto_rng"])
-        else:
-            generator.manual_seed(self.cfg.seed + 7919)
-        site_protos, present = protos.site_prototypes(uploads)
-        global_protos, global_present = prototypes.sample_global_prototypes(
-            site_protos, site_present=present, generator=generator, std=self.opt.proto_std, std_floor=self.opt.proto_std_floor
-        )
-        server["proto_rng"] = generator.get_state()
-        return protos.download_meta(global_protos, global_present)
+    def _global_prototypes(self, uploads: list[Upload], server: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """site -> the round's global prototypes (one draw shared by every site), from the exchange whose
+        generator is seeded seed + 7919 and continued in the server's memory, so a resumed server samples
+        the same prototypes."""
+        exchange = PrototypeExchange(std=self.opt.proto_std, std_floor=self.opt.proto_std_floor, seed=self.cfg.seed + 7919)
+        if "proto_rng" in server:
+            exchange.load_state_dict({"generator": server["proto_rng"]})
+        exchanged = exchange.exchange({u.site: u.meta for u in uploads})
+        server["proto_rng"] = exchange.state_dict()["generator"]
+        return exchanged
 
     # ----- site ----------------------------------------------------------------------------
     def on_download(self, site: SiteView, download: Download, first: bool) -> None:
