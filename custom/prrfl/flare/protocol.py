@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
+from prrfl.flare.components.aggregators import add_difference
 from prrfl.messages import Download, Upload
 
 TASK_PREPARE = "prepare"  # sites load (or generate) their data and report class counts
@@ -88,5 +89,4 @@ def model_to_upload(site: str, model: FLModel) -> Upload:
 
 def add_to_sent(upload: Upload, sent: dict[str, torch.Tensor]) -> Upload:
     """The site's trained weights: what the server sent plus the (checked) difference, in the sent dtype."""
-    params = {k: (sent[k] + d.to(sent[k].device)).to(sent[k].dtype) for k, d in upload.params.items()}
-    return Upload(upload.site, params, upload.num_train, upload.class_counts, upload.meta)
+    return Upload(upload.site, add_difference(upload.params, sent), upload.num_train, upload.class_counts, upload.meta)

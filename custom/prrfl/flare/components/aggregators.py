@@ -41,6 +41,11 @@ def as_tensors(params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else torch.as_tensor(v) for k, v in params.items()}
 
 
+def add_difference(difference: Mapping[str, torch.Tensor], sent: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Full weights from a client's difference to what it was `sent`, in the sent tensors' dtype and device."""
+    return {k: (sent[k] + d.to(sent[k].device)).to(sent[k].dtype) for k, d in difference.items()}
+
+
 def uploads(states: Mapping[str, StateDict], num_samples: Mapping[str, int]) -> list[Upload]:
     """The clients as prrfl `Upload`s, in the given order, for `site_weights` (a missing count is 0)."""
     return [Upload(site=c, params=dict(s), num_train=int(num_samples.get(c, 0)), class_counts=[]) for c, s in states.items()]

@@ -27,7 +27,7 @@ from nvflare.app_opt.pt.decomposers import TensorDecomposer
 from nvflare.fuel.utils import fobs
 from torch import nn
 
-from prrfl.flare.components.aggregators import PerClientAggregator, as_tensors
+from prrfl.flare.components.aggregators import PerClientAggregator, add_difference, as_tensors
 from prrfl.flare.components.controller import PerClientController
 from prrfl.flare.components.prototypes import PrototypeExchange
 from prrfl.storage import save_torch
@@ -46,7 +46,7 @@ def full_weights(result: FLModel, sent: Mapping[str, torch.Tensor]) -> dict[str,
     unknown = sorted(set(params) - set(sent))
     if unknown:
         raise KeyError(f"a difference for keys that were not sent: {unknown[:5]}")
-    return {k: (sent[k] + d.to(sent[k].device)).to(sent[k].dtype) for k, d in params.items()}
+    return add_difference(params, sent)
 
 
 class PersonalizedFedAvg(PerClientController):
