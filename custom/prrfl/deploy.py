@@ -305,7 +305,8 @@ class DeployResult:
 
 
 def collect_results(sess, job_id: str, out: Path) -> tuple[dict[str, Any], Path, dict[str, Path]]:
-    """Downloads the job's server workspace; returns results.json, its folder and TB folders per site."""
+    """Downloads the job's server workspace into <out>/result; returns results.json, its path and the
+    TensorBoard folders per site."""
     downloaded = Path(sess.download_job_result(job_id))
     target = out / "result"
     if target.exists():
@@ -316,7 +317,7 @@ def collect_results(sess, job_id: str, out: Path) -> tuple[dict[str, Any], Path,
         raise DeployError(f"job {job_id} finished without results.json; see {target} and the server's log.txt")
     tb_root = next(iter(sorted(target.rglob("tb_events"))), None)
     tb = {d.name: d for d in sorted(tb_root.iterdir()) if d.is_dir()} if tb_root else {}
-    return json.loads(found[0].read_text()), target, tb
+    return json.loads(found[0].read_text()), found[0], tb
 
 
 def shutdown(sess, procs: Processes) -> None:
@@ -420,7 +421,7 @@ def deploy_poc(
 ) -> DeployResult:
     """Provision, start, submit the job, follow, download, stop. workdir=None: a new folder under the
     system's temp dir, kept afterwards (it holds the logs and the downloaded results)."""
-    from prrfl.report import run_table
+    from prrfl.report import server_run
 
     job = Path(job).resolve()
     if not (job / "meta.json").exists():
@@ -429,10 +430,10 @@ def deploy_poc(
     start = time.time()
     with poc_deployment(out, num_sites, data_root, device, env=env) as dep:
         job_id, status = dep.run_job(job, timeout)
-        results, result_dir, tb = collect_results(dep.sess, job_id, out)
-        print(f"results and TensorBoard events of {sorted(tb)} downloaded to {result_dir}", flush=True)
-        print(run_table(results), flush=True)
-    return DeployResult(job_id, status, results, result_dir, tb, time.time() - start)
+        results, results_path, tb = collect_results(dep.sess, job_id, out)
+        print(f"results and TensorBoard events of {sorted(tb)} downloaded to {out / 'result'}", flush=True)
+        print(server_run(results_path, results).table(), flush=True)  # with the cross-site matrix, as `prrfl results`
+    return DeployResult(job_id, status, results, out / "result", tb, time.time() - start)
 
 
 def with_workflow_args(job: Path, out_root: Path, **args: Any) -> Path:

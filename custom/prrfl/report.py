@@ -100,14 +100,6 @@ def results_table(summaries: dict[str, dict[str, Any]], metrics: Sequence[str]) 
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-def run_table(results: dict[str, Any]) -> str:
-    """results_table of a server's results.json, in its task's two main test metrics."""
-    from prrfl.registry import task_class
-
-    task = results.get("config", {}).get("task", LEGACY_TASK)
-    return results_table(results["sites"], task_class(task).metric_names[:2])
-
-
 # ----- the runs under a folder, for `prrfl results` -------------------------------------------
 RESULTS_FILE = "results.json"
 
@@ -135,6 +127,20 @@ class RunResults:
             matrix = cross_site_table([self.crosseval], self.crosseval["method"], metrics[0], task_class(self.task).site_names)
             table += f"\n\nCross-site evaluation: each site's best model (rows) on each site's test split\n\n{matrix}"
         return table
+
+
+def server_run(path: Path, data: dict[str, Any]) -> RunResults:
+    """The run of a server's results.json (`data`, read from `path`), with the crosseval.json beside it."""
+    config = data["config"]
+    crosseval = path.with_name(CROSSEVAL_FILE)
+    return RunResults(
+        config.get("run_name", "?"),
+        str(data.get("run_id")),
+        config.get("task", LEGACY_TASK),
+        str(path),
+        data["sites"],
+        load_json(crosseval) if crosseval.is_file() else None,
+    )
 
 
 def results_kind(data: Any) -> str | None:
@@ -184,16 +190,7 @@ def find_runs(folder: str | Path) -> tuple[list[RunResults], list[str]]:
     for run_id in servers.keys() | sites.keys():
         if run_id in servers:
             path, data = servers[run_id]
-            config = data["config"]
-            crosseval = path.with_name(CROSSEVAL_FILE)
-            run = RunResults(
-                config.get("run_name", "?"),
-                run_id,
-                config.get("task", LEGACY_TASK),
-                str(path),
-                data["sites"],
-                load_json(crosseval) if crosseval.is_file() else None,
-            )
+            run = server_run(path, data)
             written = path.stat().st_mtime
         else:
             found = sites[run_id]

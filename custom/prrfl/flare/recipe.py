@@ -252,7 +252,7 @@ def environment(
     return SimEnv(num_clients=sites, num_threads=threads or sites, gpu_config=gpu, workspace_root=str(Path(workspace).resolve()))
 
 
-def server_results(result: str | Path) -> dict[str, Any]:
+def server_results_path(result: str | Path) -> Path:
     """The workflow's results.json in a job's result: a simulator workspace (server/simulate_job/) or
     the server workspace an admin downloads."""
     root = Path(result)
@@ -260,7 +260,12 @@ def server_results(result: str | Path) -> dict[str, Any]:
     found = [simulated] if simulated.exists() else sorted(root.rglob("results.json"))
     if not found:
         raise FileNotFoundError(f"{root}: the job left no results.json; see its server log (log.txt)")
-    return json.loads(found[0].read_text())
+    return found[0]
+
+
+def server_results(result: str | Path) -> dict[str, Any]:
+    """The workflow's results.json in a job's result, read (server_results_path)."""
+    return json.loads(server_results_path(result).read_text())
 
 
 def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -> tuple[str, Path, dict[str, Any]]:
