@@ -53,6 +53,7 @@ def test_a_recipe_is_any_task_and_method_or_a_job_of_the_table_with_overrides():
         ({"privacy": "dp"}, "unknown privacy filter 'dp'; available: ['percentile', 'svt']"),
         ({"tracking": "wandb"}, "unknown tracking backend 'wandb'"),
         ({"workflow_args": {"task_timout": 60}}, "unknown workflow argument(s) ['task_timout'] (did you mean 'task_timeout'?)"),
+        ({"task_request_interval": 0}, "task_request_interval must be a positive number of seconds, got 0"),
     ],
 )
 def test_a_bad_recipe_is_refused_when_it_is_built(kwargs, message):
@@ -114,6 +115,14 @@ def test_cross_site_evaluation_is_the_second_server_workflow_unless_turned_off(t
     assert client["executors"][0]["executor"]["args"]["task_script_args"] == "--run-name derm_fedbn"  # where its best model is
     off = PersonalizedRecipe(task="derm", method="fedbn", cross_site_eval=False).export_folder(tmp_path / "off")
     assert workflows(off) == [("workflow", "prrfl.flare.workflow.PersonalizedWorkflow")]
+
+
+def test_sites_ask_for_their_next_task_at_the_recipes_interval_through_flares_server_setting(tmp_path):
+    def interval(job: Path) -> float:
+        return json.loads((job / "app/config/config_fed_server.json").read_text())["server"]["task_request_interval"]
+
+    assert interval(PersonalizedRecipe(task="derm", method="fedbn").export_folder(tmp_path / "default")) == 0.5
+    assert interval(PersonalizedRecipe(task="derm", method="fedbn", task_request_interval=2).export_folder(tmp_path / "flare")) == 2
 
 
 def test_privacy_filter_and_bundled_package_in_the_recipe(tmp_path):

@@ -106,7 +106,9 @@ class PersonalizedRecipe(Recipe):
     task_timeout, ...). tracking, tracking_uri: "tensorboard" or "mlflow" (prrfl.flare.tracking).
     cross_site_eval: after training, every site scores every site's best model on its own test split
     (prrfl.flare.cross_site; the matrix in the server's run folder). bundle: ship the prrfl package in
-    the job's custom/ folder.
+    the job's custom/ folder. task_request_interval: seconds a site waits before asking the server for
+    its next task (FLARE's server setting of that name, default 2 s there): every round and every
+    cross-site step starts at the sites' next request, and a few sites asking twice a second is no load.
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class PersonalizedRecipe(Recipe):
         tracking_uri: str | None = None,
         cross_site_eval: bool = True,
         bundle: bool = False,
+        task_request_interval: float = 0.5,
     ):
         job_name, self.config = recipe_config(job, task, method, config, overrides)
         if privacy is not None and privacy not in PRIVACY_FILTERS:
@@ -138,6 +141,9 @@ class PersonalizedRecipe(Recipe):
             raise unknown_names_error("workflow argument", set(workflow_args) - set(known), known)
         fed = FedJob(name=name or job_name, min_clients=min_clients)
         fed.set_app_packages(["prrfl"])  # imported from the installation (or the bundle), never traced file by file
+        if not task_request_interval > 0:
+            raise ConfigError(f"task_request_interval must be a positive number of seconds, got {task_request_interval!r}")
+        fed.to_server({"server": {"task_request_interval": task_request_interval}})
         fed.to_server(PersonalizedWorkflow(config=self.config.to_dict(), resume=resume, **workflow_args), id="workflow")
         if cross_site_eval:
             fed.to_server(CrossSiteEvaluation(), id="cross_site_eval")
