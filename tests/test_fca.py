@@ -37,6 +37,28 @@ def test_a_class_the_site_lacks_drops_out_of_the_softmax():
     assert torch.isfinite(logits.grad).all() and logits.grad[0, 1] == 0
 
 
+def test_the_authors_prior_keeps_a_missing_class_in_the_softmax_with_weight_1e_9_by_hand():
+    logits, targets = torch.tensor([[0.0, 5.0, 1.0]]), torch.tensor([0])
+    counts = torch.tensor([4, 0, 4])
+    loss = balanced_softmax_loss(logits, targets, counts, prior_epsilon=1e-9)
+    # the authors' CE(logits + log(prior + 1e-9)), prior (0.5, 0, 0.5)
+    a, m = 0.5 + 1e-9, 1e-9
+    hand = -math.log(a / (a + m * math.exp(5.0) + a * math.e))
+    assert float(loss) == pytest.approx(hand, rel=1e-6)
+    assert float(loss) != pytest.approx(-math.log(0.5 / (0.5 + 0.5 * math.e)), rel=1e-7)  # not the masked value
+    logits.requires_grad_(True)
+    balanced_softmax_loss(logits, targets, counts, prior_epsilon=1e-9).backward()
+    # the missing class's logit gets the gradient of its softmax share, 1e-9 e^5 / denominator
+    assert float(logits.grad[0, 1]) == pytest.approx(m * math.exp(5.0) / (a + m * math.exp(5.0) + a * math.e), rel=1e-4)
+
+
+def test_fca_takes_the_authors_prior_as_an_option(tiny_task, tmp_path):
+    assert _fca_site(tiny_task, tmp_path, prior="authors").method.prior_epsilon == 1e-9
+    assert _fca_site(tiny_task, tmp_path / "paper").method.prior_epsilon is None
+    with pytest.raises(ConfigError, match="prior"):
+        _fca_site(tiny_task, tmp_path / "bad", prior="smoothed")
+
+
 def test_the_authors_consistency_term_takes_probabilities_as_log_probabilities():
     zf, zp = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 2.0]])
     p, q = torch.softmax(zf, 1) + 1e-11, torch.softmax(zp, 1) + 1e-11

@@ -74,9 +74,9 @@ def test_the_normalised_image_has_the_target_amplitude_and_its_own_phase():
     torch.testing.assert_close(unit_after[seen], unit_before[seen], atol=1e-4, rtol=1e-4)
 
 
-def test_the_dc_scope_is_a_mean_shift_to_the_average_mean():
+def test_the_dc_signed_scope_is_a_mean_shift_to_the_average_mean():
     x = torch.randn(5, 3, 8, 8) - 0.4
-    norm = AmplitudeNormalization(3, (8, 8), scope="dc").eval()
+    norm = AmplitudeNormalization(3, (8, 8), scope="dc_signed").eval()
     norm.amplitude.copy_(torch.rand(3, 8, 8) + 0.1)
     norm.amplitude[:, 0, 0] = torch.tensor([-12.8, 6.4, 0.64])  # signed zero-frequency terms: means -0.2, 0.1, 0.01
     mu = torch.tensor([-0.2, 0.1, 0.01]).view(1, 3, 1, 1)
@@ -86,6 +86,30 @@ def test_the_dc_scope_is_a_mean_shift_to_the_average_mean():
     norm.amplitude.zero_()
     norm(x)
     torch.testing.assert_close(norm.amplitude[:, 0, 0] / 64, 0.1 * x.mean(dim=(2, 3)).mean(0))
+
+
+def test_the_dc_scope_is_the_authors_code_modulus_averaged_phase_kept_by_hand():
+    """The authors' process with L = 0 on a 2x2 batch: A_bar = mean |FFT2(x)| of the first batch (momentum
+    truncated to 0), then each image's zero-frequency amplitude becomes A_bar[0, 0], its phase kept."""
+    x = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]], [[[-1.0, -1.0], [-1.0, -5.0]]]])  # sums 10 and -8
+    norm = AmplitudeNormalization(1, (2, 2), scope="dc", update="first_batch")
+    out = norm(x)
+    # |DC| averaged: (|10| + |-8|) / 2 = 9, mu = 9 / 4 = 2.25 (the signed average would give 1 / 4)
+    assert norm.amplitude[0, 0, 0].item() == pytest.approx(9.0)
+    # image 1 (mean 2.5, phase 0): x - 2.5 + 2.25; image 2 (mean -2, phase pi): x + 2 - 2.25
+    expected = torch.tensor([[[[0.75, 1.75], [2.75, 3.75]]], [[[-1.25, -1.25], [-1.25, -5.25]]]])
+    torch.testing.assert_close(out, expected)
+    # the same as the code's path through the spectrum: swap the centre of the shifted amplitude, keep the phase
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 3, 6, 6, generator=g) - 0.3
+    norm = AmplitudeNormalization(3, (6, 6), scope="dc", update="first_batch")
+    out = norm(x)
+    spectrum = torch.fft.fftshift(torch.fft.fft2(x.double()), dim=(-2, -1))
+    amplitude, phase = spectrum.abs(), spectrum.angle()
+    running = torch.fft.fftshift(torch.fft.fft2(x.double()).abs().mean(0), dim=(-2, -1))
+    amplitude[..., 3, 3] = running[:, 3, 3]  # b = floor(6 * 0) = 0: the centre element only
+    reference = torch.fft.ifft2(torch.fft.ifftshift(torch.polar(amplitude, phase), dim=(-2, -1))).real
+    torch.testing.assert_close(out.double(), reference, atol=1e-5, rtol=1e-5)
 
 
 def test_the_amplitude_is_an_ema_from_zero_updated_only_in_training_and_while_not_frozen():

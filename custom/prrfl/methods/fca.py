@@ -46,13 +46,23 @@ class TwoHeadModel(nn.Module):
         return self.base.get_submodule(self.head_name)(embedding)
 
 
-def balanced_softmax_loss(logits: torch.Tensor, targets: torch.Tensor, class_counts: torch.Tensor) -> torch.Tensor:
+AUTHORS_PRIOR_EPSILON = 1e-9  # the authors' code: log(prior + 1e-9)
+
+
+def balanced_softmax_loss(
+    logits: torch.Tensor, targets: torch.Tensor, class_counts: torch.Tensor, prior_epsilon: float | None = None
+) -> torch.Tensor:
     """Balanced softmax (Ren et al. 2020): cross entropy of logits + log(prior), prior = the site's own
     class frequencies. A class the site does not hold has prior 0, log -inf: it drops out of the
-    softmax (the authors add 1e-9, i.e. -20.7, to the same effect)."""
+    softmax. With `prior_epsilon` the shift is log(prior + epsilon), as the FCA authors' code with 1e-9:
+    a missing class keeps the tiny weight 1e-9 (log -20.7) in the softmax and its logit a gradient."""
     counts = class_counts.to(logits.device, torch.float64)
-    log_prior = torch.where(counts > 0, (counts / counts.sum()).log(), -torch.inf).to(logits.dtype)
-    return F.cross_entropy(logits + log_prior, targets)
+    prior = counts / counts.sum()
+    if prior_epsilon is None:
+        log_prior = torch.where(counts > 0, prior.log(), -torch.inf)
+    else:
+        log_prior = (prior + prior_epsilon).log()
+    return F.cross_entropy(logits + log_prior.to(logits.dtype), targets)
 
 
 def authors_consistency(federated_logits: torch.Tensor, personal_logits: torch.Tensor) -> torch.Tensor:
@@ -79,8 +89,10 @@ class FCA(FedAvg):
     Choices: lam_fed = 1, lam_personal = 3 (the paper's best, Table 7, and the code); KL is the batch
     mean at temperature 1; BatchNorm running statistics are averaged with the rest (the code too;
     `bn_statistics="local"` keeps them at the site); the personalized head starts from its own
-    random initialisation, the same at every site. Options for the authors' code:
-    `consistency="authors"` (`authors_consistency`), `optimizer="authors"` (Adam, lr 1e-3, weight decay
+    random initialisation, the same at every site; a class the site lacks is masked out of its
+    balanced softmax (log prior -inf). Options for the authors' code: `consistency="authors"`
+    (`authors_consistency`), `prior="authors"` (log(prior + 1e-9): the missing class stays in the
+    softmax with weight 1e-9), `optimizer="authors"` (Adam, lr 1e-3, weight decay
     5e-4, lr x 0.1 from epochs 59 and 69; the code trains 1 epoch per round). Image classification
     only: the balanced softmax and the anchoring are defined per image.
     """
@@ -95,6 +107,7 @@ class FCA(FedAvg):
         lam_fed: float = 1.0,
         lam_personal: float = 3.0,
         consistency: Literal["kl", "authors"] = "kl",
+        prior: Literal["masked", "authors"] = "masked",
         bn_statistics: Literal["averaged", "local"] = "averaged",
         optimizer: Literal["config", "authors"] = "config",
         **options: Any,
@@ -104,6 +117,7 @@ class FCA(FedAvg):
             raise ValueError(f"FCA options lam_fed and lam_personal must be >= 0, got {lam_fed}, {lam_personal}")
         self.lam_fed, self.lam_personal = lam_fed, lam_personal
         self.consistency, self.bn_statistics, self.optimizer = consistency, bn_statistics, optimizer
+        self.prior_epsilon = AUTHORS_PRIOR_EPSILON if prior == "authors" else None
 
     @classmethod
     def unsupported_reason(cls, task: Task) -> str | None:
@@ -143,8 +157,8 @@ class FCA(FedAvg):
         personal, embedding = outputs["local"]
         federated = site.models["local"].federated(embedding)
         counts = torch.tensor(site.class_counts)
-        loss = self.lam_fed * balanced_softmax_loss(federated, targets, counts)
-        loss = loss + self.lam_personal * balanced_softmax_loss(personal, targets, counts)
+        loss = self.lam_fed * balanced_softmax_loss(federated, targets, counts, self.prior_epsilon)
+        loss = loss + self.lam_personal * balanced_softmax_loss(personal, targets, counts, self.prior_epsilon)
         if self.consistency == "authors":
             return {"local": loss + authors_consistency(federated, personal)}
         return {"local": loss + kl_distillation(federated, personal)}  # teacher (personalized) detached

@@ -20,7 +20,7 @@ from prrfl.site.view import SiteView
 if TYPE_CHECKING:
     from prrfl.tasks.base import Task
 
-AmpScope = Literal["full", "dc"]
+AmpScope = Literal["full", "dc", "dc_signed"]
 AmpUpdate = Literal["ema", "first_batch"]
 AMP_SCOPES: tuple[str, ...] = get_args(AmpScope)
 AMP_UPDATES: tuple[str, ...] = get_args(AmpUpdate)
@@ -39,12 +39,15 @@ class AmplitudeNormalization(nn.Module):
     seen yet, e.g. evaluating the initial model) inputs pass through unchanged instead of being
     zeroed.
 
-    scope "dc" replaces only the zero-frequency term, which is a per-image, per-channel mean shift
-    x_c <- x_c - mean(x_c) + mu_c, mu_c = A_bar_c[0, 0] / (H * W), and is applied as that shift. In
-    this scope A_bar[:, 0, 0] averages the signed zero-frequency coefficient (the sum of the image)
-    rather than its modulus: the same for non-negative images, while for inputs normalised to about
-    [-1, 1] a dark image's coefficient is negative (phase pi) and its modulus would send mu_c to the
-    average absolute mean. The other entries average the amplitude as in scope "full" (unused there).
+    scope "dc" replaces only the zero-frequency term, as the HarmoFL authors' code does (its band
+    width L = 0): A_bar[:, 0, 0] averages the modulus |sum of the image channel| and each image keeps
+    its own zero-frequency phase (0 or pi), i.e. x_c <- x_c - mean(x_c) + sign(mean(x_c)) * mu_c,
+    mu_c = A_bar_c[0, 0] / (H * W) (sign(0) = +1). For non-negative images that is a shift to the
+    average mean; for inputs normalised around 0 a dark channel goes to minus the average absolute
+    mean. scope "dc_signed" averages the signed coefficient instead and shifts every image to that
+    signed average mean, x_c <- x_c - mean(x_c) + mu_c: the same for non-negative images, the mean
+    shift the code intends for zero-centred ones. In both the other entries of A_bar average the
+    amplitude as in scope "full" (unused there).
     """
 
     def __init__(self, channels: int, size: tuple[int, int], *, scope: AmpScope = "full", update: AmpUpdate = "ema", momentum: float = 0.1):
@@ -71,10 +74,10 @@ class AmplitudeNormalization(nn.Module):
         return self.normalize(x)
 
     def batch_statistic(self, x: torch.Tensor) -> torch.Tensor:
-        """The batch's mean amplitude [C, H, W] (in scope "dc" with the signed zero-frequency term)."""
+        """The batch's mean amplitude [C, H, W] (in scope "dc_signed" with the signed zero-frequency term)."""
         spectrum = torch.fft.fft2(x.detach().float())
         stat = spectrum.abs().mean(dim=0)
-        if self.scope == "dc":
+        if self.scope == "dc_signed":
             stat[:, 0, 0] = spectrum[:, :, 0, 0].real.mean(dim=0)
         return stat
 
@@ -89,9 +92,10 @@ class AmplitudeNormalization(nn.Module):
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[-2:]
-        if self.scope == "dc":
+        if self.scope != "full":
             mu = (self.amplitude[:, 0, 0] / (h * w)).to(x.dtype).view(1, -1, 1, 1)
-            return x - x.mean(dim=(-2, -1), keepdim=True) + mu
+            mean = x.mean(dim=(-2, -1), keepdim=True)
+            return x - mean + (torch.where(mean < 0, -mu, mu) if self.scope == "dc" else mu)
         phase = torch.fft.fft2(x.float()).angle()
         spectrum = torch.polar(self.amplitude.float().expand_as(phase), phase)
         return torch.fft.ifft2(spectrum).real.to(x.dtype)
@@ -215,9 +219,10 @@ class HarmoFL(FedAvg):
     weights; the perturbation skips parameters without gradient; the loop's optimiser (its momentum
     and weight decay) takes the step; alpha = 0 is a plain step. The whole model travels, BatchNorm
     statistics included (HarmoFL's aggregation is FedAvg).
-    Options from the authors' code: `amp_scope="dc"` replaces only the zero-frequency amplitude, i.e.
-    shifts each image channel's mean to the average mean (applied as that shift: see
-    `AmplitudeNormalization`); `amp_update="first_batch"` (the code's integer-truncated momentum)
+    Options from the authors' code: `amp_scope="dc"` replaces only the zero-frequency amplitude with
+    the average of its modulus, each image keeping its phase, exactly as the code (applied as the
+    equivalent mean shift: see `AmplitudeNormalization`; `amp_scope="dc_signed"` averages the signed
+    term, the shift meant for inputs normalised around 0); `amp_update="first_batch"` (the code's integer-truncated momentum)
     takes the first batch's mean amplitude and never updates it; `bn_plain=True` gives every
     BatchNorm affine=False and track_running_stats=False (the authors' networks: batch statistics
     at evaluation too). `weighting="samples"` weights the average by training-set size instead.
