@@ -3,6 +3,7 @@ localhost, the job submitted and downloaded by the admin, everything stopped aft
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,10 +13,11 @@ import time
 import psutil
 import pytest
 import yaml
-from conftest import tiny_derm_config
+from conftest import tiny_derm_config, untimed
 
 from prrfl.deploy import POC_TEMPLATE, make_project
 from prrfl.flare.recipe import export_job
+from prrfl.sweep import simulator_command
 
 SITES = ["vidir-modern", "vidir-molemax"]
 
@@ -89,6 +91,19 @@ def test_deploy_poc_two_sites(tmp_path, capsys):
     # the kits (server, sites, the admin's download) and result/ hold the same run: one table, the one printed
     ((title, table),) = printed_tables(work, capsys).items()
     assert title.startswith("derm_prr (run ") and f"{table}\n" in out and f"| {SITES[0]} |" in table
+
+    # one seed per hospital: the simulator's site-1 and site-2 hold the same cohorts and train the same numbers
+    sim = subprocess.run(
+        simulator_command(work.parent / "jobs/derm_prr", tmp_path / "sim", 2), env=env, capture_output=True, text=True, timeout=300
+    )
+    assert sim.returncode == 0, (sim.stdout + sim.stderr)[-4000:]
+    for simulated, deployed in zip(("site-1", "site-2"), SITES):
+        theirs = json.loads((tmp_path / "sim" / simulated / "prrfl/derm_prr/results.json").read_text())
+        copies = [json.loads(p.read_text()) for p in work.rglob("results.json") if f"/{deployed}/" in str(p)]
+        copies = [c for c in copies if c.get("site") == deployed]
+        assert copies, f"no results.json of {deployed}"
+        for ours in copies:
+            assert ours["cohort"] == theirs["cohort"] and untimed(ours["history"]) == untimed(theirs["history"]), deployed
 
 
 @pytest.mark.e2e

@@ -206,3 +206,24 @@ def test_a_saved_state_round_trips_and_an_old_one_takes_the_new_fields_defaults(
     assert ServerState.from_dict(old).update_norms == {}
     with pytest.raises(ValueError, match=r"lacks \['downloads', 'global_counts'\]"):
         ServerState.from_dict({k: v for k, v in old.items() if k not in ("downloads", "global_counts")})
+
+
+def test_uploads_are_aggregated_in_cohort_order_whatever_the_flare_client_names(tiny_task, tmp_path):
+    """A deployment names its clients after hospitals; the server orders them by cohort (the task's table), so
+    its float sums, and every later number, are the simulator's (site-1 = the first cohort, ...)."""
+    fed = federation(tiny_task, method="prr")
+    state = started(fed, tiny_task)
+    runtimes = {s: make_runtime(tiny_task, tmp_path, site=s, method="prr", num_rounds=3, local_epochs=1) for s in SITES}
+    answers = honest_answers(fed, state, 0, runtimes)
+    named = {"zz-hospital": "A", "aa-hospital": "B"}  # by name, the second cohort would come first
+    deployed = fed.start({n: reply(tiny_task, c) for n, c in named.items()}, {}, {}, list(named), run_id="run").state
+    renamed = RoundAnswers()
+    for name, cohort in named.items():
+        up = answers.uploads[cohort]
+        renamed.uploads[name] = Upload(name, up.params, up.num_train, up.class_counts, up.meta)
+    assert fed.in_cohort_order(deployed, ["aa-hospital", "zz-hospital"]) == ["zz-hospital", "aa-hospital"]
+    simulated, deployment = fed.round(state, 0, answers), fed.round(deployed, 0, renamed)
+    assert deployment.summary.sites == ["zz-hospital", "aa-hospital"]
+    for name, cohort in named.items():
+        ours, theirs = deployment.state.downloads[name].params, simulated.state.downloads[cohort].params
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), name

@@ -27,6 +27,8 @@ from prrfl.messages import Download, PrepareReply, Upload
 from prrfl.report import participation, results_table
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from prrfl.methods.base import Method
     from prrfl.tasks.base import Task
 
@@ -183,6 +185,19 @@ class Federation:
         return Outcome(state, events)
 
     # ----- a round --------------------------------------------------------------------------
+    def in_cohort_order(self, state: ServerState, sites: Iterable[str]) -> list[str]:
+        """The sites in the order of their cohorts in the task's table (then by name). Uploads are checked
+        and aggregated in this order, so the float sums, and every number after them, do not depend on the
+        FLARE client names: a deployment whose clients are named after hospitals aggregates as the
+        simulator's site-1..site-N do."""
+        rank = {cohort: i for i, cohort in enumerate(self.task.cohorts)}
+
+        def key(site: str) -> tuple[int, str, str]:
+            cohort = state.cohorts.get(site, "")
+            return rank.get(cohort, len(rank)), cohort, site
+
+        return sorted(sites, key=key)
+
     def reference(self) -> dict[str, torch.Tensor]:
         """The shared entries of a model of the method (keys, shapes) that uploads are checked against.
         Built once, from torch's global RNG seeded with the run's seed (as the initial model)."""
@@ -206,7 +221,7 @@ class Federation:
             events.append(("error", f"round {round_idx}: {site} failed: {why}; it keeps its previous download"))
         rejected: dict[str, str] = {}
         checked: dict[str, Upload] = {}
-        for site in sorted(answers.uploads):
+        for site in self.in_cohort_order(state, answers.uploads):
             problem = upload_problem(answers.uploads[site], self.reference(), self.task)  # on the difference, before use
             if problem:
                 rejected[site] = problem

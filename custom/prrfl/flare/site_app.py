@@ -39,9 +39,11 @@ from prrfl.tasks.base import MissingCohort, SiteData, Task
 log = logging.getLogger("prrfl.site")
 
 
-def seed_for(seed: int, site: str) -> int:
-    """A per-site seed that does not depend on Python's salted hash()."""
-    return (seed * 1_000_003 + sum((i + 1) * ord(ch) for i, ch in enumerate(site))) % (2**31)
+def seed_for(seed: int, cohort: str) -> int:
+    """A site's seed, from the run's seed and the site's cohort (the hospital its data is), not its FLARE
+    client name: the simulator's site-1 and a deployment's client holding the same cohort draw the same
+    numbers. Does not depend on Python's salted hash()."""
+    return (seed * 1_000_003 + sum((i + 1) * ord(ch) for i, ch in enumerate(cohort))) % (2**31)
 
 
 def state_dir_of(site: str, run_name: str, local: SiteConfig, job_id: str | None) -> Path:
@@ -94,7 +96,7 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
     if data.num_train < 1:
         source = local.data_root or "the embedded synthetic federation"
         raise ValueError(f"site {site}: cohort {data.cohort} has no training {task.sample_noun} in {source}")
-    torch.manual_seed(seed_for(cfg.seed, site))
+    torch.manual_seed(seed_for(cfg.seed, data.cohort))
     models = {role: method.build_model().to(device) for role in method.roles}
     optimizers = {role: method.build_optimizer(m) for role, m in models.items()}
     runtime = SiteRuntime(
@@ -108,7 +110,7 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
         output_dir=places.output_dir(workspace, cfg.run_name),
         models=models,
         optimizers=optimizers,
-        generator=torch.Generator().manual_seed(seed_for(cfg.seed, site)),
+        generator=torch.Generator().manual_seed(seed_for(cfg.seed, data.cohort)),
         run_id=meta[P.RUN_ID],
         data_root=local.data_root,
         eval_batch_size=local.eval_batch_size,
