@@ -12,7 +12,7 @@ from conftest import make_runtime
 
 from prrfl.algorithms import cpa
 from prrfl.config import RunConfig
-from prrfl.data.augment import SliceAugment
+from prrfl.data.augment import SliceAugment, normalize
 from prrfl.flare.validation import upload_problem
 from prrfl.messages import Download
 from prrfl.methods.prr import PRR
@@ -62,6 +62,20 @@ def test_volume_overlap_is_computed_per_volume_across_chunks():
     out = metric.compute()
     assert out["dice"] == pytest.approx(100 * (0.5 + 1) / 2)
     assert out["iou"] == pytest.approx(100 * (1 / 3 + 1) / 2)
+    # per slice: slice 0 predicted {a, b}, true {b}: Dice 2/3, IoU 1/2; slice 1 missed: 0; slices 2, 3 perfect
+    assert out["slice_dice"] == pytest.approx(100 * (2 / 3 + 0 + 1 + 1) / 4)
+    assert out["slice_iou"] == pytest.approx(100 * (1 / 2 + 0 + 1 + 1) / 4)
+
+
+def test_a_slice_without_prostate_scores_100_when_none_is_predicted_and_0_otherwise():
+    true = torch.zeros(2, 2, 2, dtype=torch.long)  # one volume of two empty slices
+    pred = torch.zeros(2, 2, 2, dtype=torch.long)
+    pred[1, 0, 0] = 1  # a false positive on the second
+    metric = VolumeOverlap(2, groups=torch.tensor([0, 0]))
+    metric.update(torch.stack([1 - pred, pred], dim=1).float(), true, slice(0, 2))
+    out = metric.compute()
+    assert (out["slice_dice"], out["slice_iou"]) == (pytest.approx(50.0), pytest.approx(50.0))
+    assert (out["dice"], out["iou"]) == (0.0, 0.0)  # the volume: prostate predicted where there is none
 
 
 def test_volume_overlap_refuses_scattered_slices():
@@ -171,6 +185,24 @@ def test_slice_augmentation_moves_the_mask_with_the_image():
     assert agree > 0.99
     again = augment(images, masks, torch.Generator().manual_seed(3))
     assert torch.equal(again[0], x) and torch.equal(again[1], y)
+
+
+def test_the_papers_slice_augmentation_is_a_left_right_flip_and_a_rotation_only():
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (64, 1, 16, 16), generator=g, dtype=torch.uint8)
+    masks = (images[:, 0] > 128).long()
+    x, y = SliceAugment(rotate_deg=0.0)(images, masks, torch.Generator().manual_seed(1))  # the flips alone
+    plain, mirrored = normalize(images), normalize(images).flip(-1)
+
+    def close(a, b):  # per slice; 1e-5: float rounding of the identity resampling and of the [-1, 1] scaling
+        return ((a - b).abs() < 1e-5).flatten(1).all(1)
+
+    same, lr = close(x, plain), close(x, mirrored)
+    assert bool((same | lr).all()) and 10 < int(lr.sum()) < 54  # each slice as it was or mirrored left-right, no grey change
+    assert torch.equal(y[lr], masks[lr].flip(-1))
+    # the extended option also flips front-back and changes the grey levels
+    x, _ = SliceAugment.extended()(images, masks, torch.Generator().manual_seed(1))
+    assert not bool((close(x, plain) | close(x, mirrored)).all())
 
 
 # ----- models and optimisers from the method --------------------------------------------------------------------

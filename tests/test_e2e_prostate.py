@@ -32,7 +32,7 @@ def test_every_site_reports_volume_dice_and_iou(finished_run):
     for site, cohort in (("site-1", "RUNMC"), ("site-2", "BMC")):
         results = json.loads((ws / site / "prrfl/prostate_prr/results.json").read_text())
         assert results["task"] == "prostate" and results["cohort"] == cohort and results["rounds_completed"] == 2
-        assert set(results["best"]["test"]) == {"dice", "iou"}
+        assert set(results["best"]["test"]) == {"dice", "iou", "slice_dice", "slice_iou"}
         assert 0 <= results["best"]["test"]["iou"] <= results["best"]["test"]["dice"] <= 100  # IoU <= Dice
         counts = results["class_counts"]  # voxels per class: 32 x 32 per training slice
         assert sum(counts) == results["num_train"] * 32 * 32 and 0 < counts[1] < counts[0]

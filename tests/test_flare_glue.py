@@ -53,6 +53,16 @@ def test_paper_job_carries_the_paper_schedule():
     assert cfg.data["image_size"] == 128 and cfg.data["synthetic_scale"] == 1.0
 
 
+def test_prostate_jobs_halve_the_learning_rate_as_the_paper_scaled_to_their_epochs():
+    paper = job_config("prostate_prr_paper")  # 60 epochs: halved after 25 and 50
+    assert (paper.num_rounds * paper.local_epochs, paper.lr) == (60, 1e-3)
+    assert [paper.lr_at(e) for e in (0, 24, 25, 49, 50, 59)] == [1e-3, 1e-3, 5e-4, 5e-4, 2.5e-4, 2.5e-4]
+    quick = job_config("prostate_prr")  # 20 epochs: halved after 8 and 16 (25 / 60 of them, rounded down)
+    assert quick.num_rounds * quick.local_epochs == 20
+    assert [quick.lr_at(e) for e in (0, 7, 8, 15, 16, 19)] == [1e-3, 1e-3, 5e-4, 5e-4, 2.5e-4, 2.5e-4]
+    assert job_config("prostate_fedavg").lr_step_epochs == 8  # every method of the task on the same schedule
+
+
 def _upload(**overrides):
     ref = {"w": torch.zeros(2, 3), "n": torch.zeros((), dtype=torch.long)}
     values = dict(

@@ -277,6 +277,31 @@ def test_a_conv_classifier_is_mixed_by_output_rows():
     torch.testing.assert_close(out[1]["head.weight"][:, :, 0, 0], rows[1])
 
 
+def test_every_branch_of_an_aspp_head_is_mixed_class_by_class():
+    """DeepLab-v2's four ASPP branches all output class logits: each 3x3 conv weight [classes, D, 3, 3] is
+    mixed one class row (D*9 values) at a time, rows independent, as the one-key classifier is."""
+    g = torch.Generator().manual_seed(0)
+    keys = [f"aspp.{i}.weight" for i in range(4)]
+    states = [{k: torch.randn(2, 6, 3, 3, generator=g, dtype=torch.float64) for k in keys} for _ in range(3)]
+    out = pfa_aggregate(states, 0.4, classifier_key=keys)
+    for key in keys:
+        rows = fourier_mix(torch.stack([s[key].flatten(1) for s in states]), 0.4, ndim=1)
+        for site in range(3):
+            torch.testing.assert_close(out[site][key].flatten(1), rows[site], rtol=0, atol=1e-12)
+    only_first = pfa_aggregate(states, 0.4, classifier_key="aspp.0.weight")  # the others as conv matrices
+    assert not torch.allclose(only_first[0]["aspp.3.weight"], out[0]["aspp.3.weight"])
+    torch.testing.assert_close(only_first[0]["aspp.0.weight"], out[0]["aspp.0.weight"], rtol=0, atol=0)
+
+
+def test_prr_mixes_all_four_aspp_branches_of_the_prostate_network():
+    from prrfl.config import RunConfig
+    from prrfl.registry import build_method, build_task
+
+    cfg = RunConfig.from_dict({"task": "prostate", "method": "prr"})
+    method = build_method(cfg, build_task(cfg))
+    assert method.classifier_keys == tuple(f"aspp.{i}.weight" for i in range(4))
+
+
 def test_batchnorm_stays_per_site_with_guessed_explicit_or_module_keys():
     states = [toy_state(k) for k in range(3)]
     for bn_keys in (None, set(BN), batchnorm_keys(Toy())):

@@ -72,4 +72,5 @@ def test_prr_trains_the_deeplab_model_with_adam_on_prepared_slices(task_and_site
     optimizer.step()
     assert torch.isfinite(loss)
     metrics = task.evaluate(model, data.test)
-    assert set(metrics) == {"dice", "iou"} and 0 <= metrics["iou"] <= metrics["dice"] <= 100
+    assert set(metrics) == {"dice", "iou", "slice_dice", "slice_iou"} and 0 <= metrics["iou"] <= metrics["dice"] <= 100
+    assert 0 <= metrics["slice_iou"] <= metrics["slice_dice"] <= 100

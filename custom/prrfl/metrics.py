@@ -13,7 +13,17 @@ from collections.abc import Iterable
 import numpy as np
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score, roc_auc_score
 
-LABELS = {"f1": "F1", "auc": "AUC", "acc": "ACC", "bacc": "bACC", "bauc": "bAUC", "dice": "Dice", "iou": "IoU"}
+LABELS = {
+    "f1": "F1",
+    "auc": "AUC",
+    "acc": "ACC",
+    "bacc": "bACC",
+    "bauc": "bAUC",
+    "dice": "Dice",
+    "iou": "IoU",
+    "slice_dice": "Dice/slice",
+    "slice_iou": "IoU/slice",
+}
 
 
 def label(metric: str) -> str:

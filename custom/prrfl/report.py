@@ -121,10 +121,10 @@ class RunResults:
 
     def table(self) -> str:
         """The per-site table; then the cross-site matrix of the task's primary metric, when the run has one."""
-        metrics = task_class(self.task).metric_names[:2]
-        table = results_table(self.summaries, metrics)
+        facts = task_class(self.task)
+        table = results_table(self.summaries, facts.table_metrics)
         if self.crosseval:
-            matrix = cross_site_table([self.crosseval], self.crosseval["method"], metrics[0], task_class(self.task).site_names)
+            matrix = cross_site_table([self.crosseval], self.crosseval["method"], facts.metric_names[0], facts.site_names)
             table += f"\n\nCross-site evaluation: each site's best model (rows) on each site's test split\n\n{matrix}"
         return table
 
@@ -699,8 +699,8 @@ def build_report(
     if len(tasks) > 1:
         raise ValueError(f"the workspaces hold results of the tasks {tasks}: report one of them (--task)")
     facts = task_class(tasks[0])
-    metrics = facts.metric_names[:2]
-    primary = metrics[0]
+    metrics = facts.table_metrics
+    primary = facts.metric_names[0]  # what sites select their best round by
     order = method_order(results, methods, reference)
     rows = long_rows(results)
     drops = retrogress_rows(results, primary)

@@ -224,7 +224,7 @@ def pfa_aggregate(
     weights: Sequence[float] | torch.Tensor | None = None,
     components: Components = "amplitude_phase",
     conv_layout: ConvLayout = "paper",
-    classifier_key: str | None = None,
+    classifier_key: str | Sequence[str] | None = None,
     classifier_rowwise: bool = True,
     bn_keys: Iterable[str] | None = None,
     skip: Skip = None,
@@ -234,9 +234,11 @@ def pfa_aggregate(
     Per key, in this order:
       BN key (`bn_keys`, else `guess_batchnorm_keys`), `skip` match, or non-float tensor
                       -> the site's own tensor (cloned);
-      classifier      -> row-wise 1-D mix (`classifier_rowwise`; the key is `classifier_key`, by
-                         default the last 2-D float tensor that is not kept locally); a named
-                         conv classifier (e.g. 1x1) is mixed as the rows of [out, in*kh*kw];
+      classifier      -> row-wise 1-D mix (`classifier_rowwise`; the key is `classifier_key`, or
+                         each of several keys, e.g. the branches of an ASPP head that all give
+                         class logits; by default the last 2-D float tensor that is not kept
+                         locally); a named conv classifier (e.g. 3x3) is mixed as the rows of
+                         [out, in*kh*kw];
       0-/1-D float    -> weighted average, the same at every site;
       2-D float       -> matrix mix;  4-D float -> conv, mixed as a matrix in `conv_layout`;
       other ranks     -> ValueError (name the key in `skip`).
@@ -253,13 +255,13 @@ def pfa_aggregate(
     local = set(guess_batchnorm_keys(keys) if bn_keys is None else bn_keys)
     first = site_states[0]
     mixed_keys = [k for k in keys if k not in local and not is_skipped(k) and first[k].is_floating_point()]
-    rowwise = _classifier(classifier_key, keys, mixed_keys, first) if classifier_rowwise else None
+    rowwise = _classifier(classifier_key, keys, mixed_keys, first) if classifier_rowwise else set()
 
     outputs: list[dict[str, torch.Tensor]] = [{} for _ in site_states]
     for key in keys:
         tensors = [state[key] for state in site_states]
         if key in mixed_keys:
-            new = _mix_key(key, tensors, r, w, components, conv_layout, rowwise=key == rowwise)
+            new = _mix_key(key, tensors, r, w, components, conv_layout, rowwise=key in rowwise)
         else:
             new = [t.detach().clone() for t in tensors]
         for out, tensor in zip(outputs, new):
@@ -284,15 +286,16 @@ def _check_states(site_states: Sequence[StateDict]) -> list[str]:
     return keys
 
 
-def _classifier(classifier_key: str | None, keys: list[str], mixed_keys: list[str], first: StateDict) -> str | None:
-    """The key mixed row by row: the named one, or the last 2-D mixed tensor (None if there is none)."""
+def _classifier(classifier_key: str | Sequence[str] | None, keys: list[str], mixed_keys: list[str], first: StateDict) -> set[str]:
+    """The keys mixed row by row: the named ones, or the last 2-D mixed tensor (none if there is none)."""
     if classifier_key is None:
-        return next((k for k in reversed(mixed_keys) if first[k].ndim == 2), None)
-    if classifier_key not in keys:
-        raise ValueError(f"classifier_key {classifier_key!r} is not in the state dicts")
-    if first[classifier_key].ndim < 2:
-        raise ValueError(f"classifier_key {classifier_key!r} has shape {tuple(first[classifier_key].shape)}; need >= 2-D")
-    return classifier_key  # a key kept locally (BN/skip) is simply never mixed
+        return set([k for k in mixed_keys if first[k].ndim == 2][-1:])
+    for key in [classifier_key] if isinstance(classifier_key, str) else classifier_key:
+        if key not in keys:
+            raise ValueError(f"classifier_key {key!r} is not in the state dicts")
+        if first[key].ndim < 2:
+            raise ValueError(f"classifier_key {key!r} has shape {tuple(first[key].shape)}; need >= 2-D")
+    return {classifier_key} if isinstance(classifier_key, str) else set(classifier_key)  # local keys are never mixed
 
 
 def _mix_key(

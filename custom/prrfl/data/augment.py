@@ -3,7 +3,8 @@
 Each sample draws its own parameters, vectorised over the batch. Dermoscopy (`DermAugment`):
 vertical/horizontal flips, brightness, blur or noise, and a shift-scale-rotate affine (the authors'
 pipeline, docs/authors_code.md §4.2), then normalisation to [-1, 1]. MRI slices (`SliceAugment`):
-the same geometry applied jointly to the slice and its mask, and grey-level changes of the slice.
+a left-right flip and a rotation applied jointly to the slice and its mask (the TMI paper's), or
+`SliceAugment.extended()` with more geometry and grey-level changes of the slice.
 torchvision's functional ops and torch's grid sampling do the pixel work.
 """
 
@@ -89,19 +90,30 @@ def random_affine_grid(shape: torch.Size, draw: Draw, rotate_deg: float, scale: 
 
 @dataclass(frozen=True)
 class SliceAugment:
-    """Joint augmentation of grey-level MRI slices and their masks, vectorised over the batch:
-    flips, a shift-scale-rotate (bilinear for the image, nearest for the mask, from one grid), and
-    for the image alone a gamma and contrast change and Gaussian noise. The mask's classes are
-    kept exactly (no interpolated labels)."""
+    """Joint augmentation of grey-level MRI slices and their masks, vectorised over the batch.
 
-    flip_p: float = 0.5
+    The defaults are the TMI paper's "random flip and rotation": a left-right flip (the patient's
+    sides mirrored, an anatomy that occurs) and a rotation within +-rotate_deg, one grid for slice
+    (bilinear) and mask (nearest), so the mask's classes are kept exactly. `extended()` adds what
+    the paper does not state: front-back flips (anatomically impossible), zoom and shift, and for the
+    slice alone a gamma and contrast change and Gaussian noise, which shrink the very difference
+    between the sites' scanners that the methods are compared on.
+    """
+
+    hflip_p: float = 0.5  # left-right
+    vflip_p: float = 0.0  # front-back
     rotate_deg: float = 20.0
-    shift: float = 0.05
-    scale: float = 0.1
+    shift: float = 0.0
+    scale: float = 0.0
     affine_p: float = 0.8
-    gamma: float = 0.3  # gamma drawn in [1 - gamma, 1 + gamma]
-    contrast: float = 0.15
-    noise_std: float = 0.03
+    gamma: float = 0.0  # gamma drawn in [1 - gamma, 1 + gamma]
+    contrast: float = 0.0
+    noise_std: float = 0.0
+
+    @classmethod
+    def extended(cls) -> SliceAugment:
+        """The paper's flip and rotation plus front-back flips, zoom, shift, gamma, contrast and noise."""
+        return cls(vflip_p=0.5, shift=0.05, scale=0.1, gamma=0.3, contrast=0.15, noise_std=0.03)
 
     def __call__(self, images: torch.Tensor, masks: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 images [B,1,H,W] (0..255) and int masks [B,H,W] -> float images in about [-1, 1]
@@ -113,14 +125,15 @@ class SliceAugment:
 
         x = images.float().div_(255.0)
         y = masks[:, None].float()
-        for dim, flip in ((-1, draw(b) < self.flip_p), (-2, draw(b) < self.flip_p)):
+        for dim, flip in ((-1, draw(b) < self.hflip_p), (-2, draw(b) < self.vflip_p)):
             x = torch.where(flip[:, None, None, None], x.flip(dim), x)
             y = torch.where(flip[:, None, None, None], y.flip(dim), y)
-        gamma = 1.0 + self.gamma * (2 * draw(b) - 1)
-        x = x.clamp_(min=0.0).pow(gamma[:, None, None, None])
-        mean = x.mean(dim=(1, 2, 3), keepdim=True)
-        x = (x - mean) * (1.0 + self.contrast * (2 * draw(b) - 1))[:, None, None, None] + mean
-        x = x + torch.randn(x.shape, generator=generator).to(dev) * self.noise_std * draw(b)[:, None, None, None]
+        if self.gamma or self.contrast or self.noise_std:
+            gamma = 1.0 + self.gamma * (2 * draw(b) - 1)
+            x = x.clamp_(min=0.0).pow(gamma[:, None, None, None])
+            mean = x.mean(dim=(1, 2, 3), keepdim=True)
+            x = (x - mean) * (1.0 + self.contrast * (2 * draw(b) - 1))[:, None, None, None] + mean
+            x = x + torch.randn(x.shape, generator=generator).to(dev) * self.noise_std * draw(b)[:, None, None, None]
         grid = random_affine_grid(x.shape, draw, self.rotate_deg, self.scale, self.shift, self.affine_p)
         x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         y = F.grid_sample(y, grid, mode="nearest", padding_mode="zeros", align_corners=False)

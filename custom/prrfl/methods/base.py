@@ -117,6 +117,13 @@ class Method:
         """The state-dict key of the model's last classifier layer (PFA mixes it class by class)."""
         return getattr(self.reference_model, "classifier_key", None)
 
+    @property
+    def classifier_keys(self) -> tuple[str, ...]:
+        """Every layer whose rows are the classes (PFA mixes each class by class): the model's
+        `classifier_keys` (e.g. all four ASPP branches of DeepLab-v2), else its `classifier_key`."""
+        keys = getattr(self.reference_model, "classifier_keys", None)
+        return tuple(keys) if keys else ((self.classifier_key,) if self.classifier_key else ())
+
     # ----- both sides ---------------------------------------------------------------------
     def shared_keys(self, model: torch.nn.Module) -> list[str]:
         """State-dict keys that travel between site and server (default: all)."""

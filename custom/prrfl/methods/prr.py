@@ -147,7 +147,7 @@ class PRR(Method):
                 schedule=o.r_schedule,
                 components=o.pfa_components,
                 conv_layout=o.conv_layout,
-                classifier_key=self.classifier_key,
+                classifier_key=self.classifier_keys or None,
                 classifier_rowwise=o.classifier_rowwise,
                 weighting=o.site_weights,
                 bn_keys=(),  # BN keys never travel (shared_keys)

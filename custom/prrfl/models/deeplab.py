@@ -20,9 +20,10 @@ The backbone's state-dict keys and shapes are torchvision's resnet18 ones (fc as
 
 PFA (`prrfl.algorithms.pfa`): every BN is an nn.BatchNorm2d named bn1/bn2 or downsample.1, so both
 `batchnorm_keys(model)` and `guess_batchnorm_keys(state_dict)` find all of them. Backbone convs are
-bias-free; the ASPP convs keep DeepLab-v2's biases (averaged by PFA as 1-D tensors). `classifier_key`
-is "aspp.0.weight", the rate-6 branch [classes, D, 3, 3]: PFA mixes it row by row, one row of D*9 per
-class. PFA takes one row-wise key; the other three branches are mixed like any conv weight.
+bias-free; the ASPP convs keep DeepLab-v2's biases (averaged by PFA as 1-D tensors). All four ASPP
+branches [classes, D, 3, 3] output class logits, which are summed: `classifier_keys` names the four and PFA
+mixes each row by row, one row of D*9 per class. `classifier_key` is "aspp.0.weight", the rate-6 branch
+(the one layer a method that needs a single classifier uses).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class DeepLabV2ResNet18(nn.Module):
     dilation 2) or 32 (plain ResNet strides). align_corners of the final bilinear upsampling: False.
     """
 
-    classifier_key = "aspp.0.weight"  # the first (rate 6) ASPP branch; PFA mixes it row-wise per class
+    classifier_key = "aspp.0.weight"  # the first (rate 6) ASPP branch; PFA mixes all four (classifier_keys) per class
     feature_dim = 512  # at the default width 64; instances hold 8 * width
 
     def __init__(

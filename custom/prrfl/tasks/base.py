@@ -94,7 +94,8 @@ class Task:
     ood_cohort: ClassVar[str | None] = None  # evaluated at the end, never trained on
     ood_scored_by: ClassVar[str | None] = None  # the cohort whose best model the report scores on it
     paper_table: ClassVar[str] = "per-site results"  # the paper's name of the per-site table, for the report
-    metric_names: ClassVar[tuple[str, ...]]  # the metrics tables report, the primary one (selection, DET) first
+    metric_names: ClassVar[tuple[str, ...]]  # the metrics a site records, the primary one (selection, DET) first
+    table_metrics: ClassVar[tuple[str, ...]]  # the test metrics of the per-site tables, in their order
     protocol_metrics: ClassVar[tuple[str, ...]]  # of FCA's generalization/specialization protocol (prrfl.crosseval)
     sample_noun: ClassVar[str] = "images"  # what num_train counts, for messages
     eval_batch_size: ClassVar[int] = 64  # samples per evaluation chunk: bounds a site's memory (benchmarks/memory.py)

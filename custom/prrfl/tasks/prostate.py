@@ -40,6 +40,7 @@ class ProstateData(TypedDict):
     synthetic_seed: int
     synthetic_matrix_scale: float
     split_seed: int
+    augmentation: Literal["paper", "extended"]
 
 
 DEFAULT_DATA: dict[str, Any] = {
@@ -50,6 +51,7 @@ DEFAULT_DATA: dict[str, Any] = {
     "synthetic_seed": 0,
     "synthetic_matrix_scale": 1 / 3,  # in-plane matrix of the generated volumes: 1.0 = the scanners' 384-512 px
     "split_seed": 0,
+    "augmentation": "paper",  # the paper's random flip and rotation; "extended": SliceAugment.extended()
 }
 
 
@@ -82,7 +84,7 @@ class ProstateTask(SegmentationTask):
                 raise config_error(f"prostate data option '{key}'", expected, d[key], f"data.{key}")
         self.image_size = d["image_size"]
         self.prototype_pooling = d["prototype_pooling"]
-        self.augment = SliceAugment()
+        self.augment = SliceAugment.extended() if d["augmentation"] == "extended" else SliceAugment()
 
     def build_model(self) -> torch.nn.Module:
         return DeepLabV2ResNet18(num_classes=self.num_classes, in_channels=1, width=self.data_cfg["model_width"])

@@ -6,7 +6,9 @@
   paper); cross entropy unless an imbalance method passes its own term (CPA, focal, ...);
 * prototypes: masked average pooling of the feature map per class (`masked_class_embeddings`);
 * metrics: Dice and IoU of the foreground (MONAI), computed on each whole volume from its slices,
-  then averaged over the volumes of the split (`VolumeOverlap`).
+  then averaged over the volumes of the split ("dice", "iou"), and on each slice, averaged over the
+  slices of the split ("slice_dice", "slice_iou"; a slice without foreground in truth and prediction
+  scores 100, with foreground predicted on it 0): `VolumeOverlap`.
 """
 
 from __future__ import annotations
@@ -51,9 +53,19 @@ def masked_class_embeddings(
     return (sums / area.clamp(min=1)[..., None])[present], classes[present]
 
 
+def overlap(pred: torch.Tensor, true: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """MONAI's Dice and IoU of class-index masks [N, *spatial], one value per leading entry, the
+    foreground classes averaged; an entry without foreground in truth and prediction scores 1."""
+    dims = (0, pred.ndim, *range(1, pred.ndim))  # [N, *spatial, C] -> [N, C, *spatial]
+    p, t = F.one_hot(pred, num_classes).permute(*dims), F.one_hot(true, num_classes).permute(*dims)
+    dice = compute_dice(p, t, include_background=False, ignore_empty=False).mean(dim=1)
+    iou = compute_iou(p, t, include_background=False, ignore_empty=False).mean(dim=1)
+    return dice, iou
+
+
 class VolumeOverlap:
-    """Streaming Dice and IoU per volume. The slices of a volume must come together (the prepared
-    splits keep each case's slices in order); memory is one volume's predicted and true masks."""
+    """Streaming Dice and IoU per volume and per slice. The slices of a volume must come together (the
+    prepared splits keep each case's slices in order); memory is one volume's predicted and true masks."""
 
     def __init__(self, num_classes: int, groups: torch.Tensor | None):
         self.num_classes = num_classes
@@ -64,9 +76,14 @@ class VolumeOverlap:
         self.true: list[torch.Tensor] = []
         self.dice: list[torch.Tensor] = []
         self.iou: list[torch.Tensor] = []
+        self.slice_sums = torch.zeros(2, dtype=torch.float64)  # per-slice Dice and IoU, summed
+        self.slices = 0
 
     def update(self, logits: torch.Tensor, targets: torch.Tensor, index: slice) -> None:
         pred, true = logits.argmax(dim=1).cpu(), targets.cpu()
+        dice, iou = overlap(pred, true, self.num_classes)
+        self.slice_sums += torch.stack([dice.double().sum(), iou.double().sum()])
+        self.slices += len(pred)
         groups = self.groups[index] if self.groups is not None else torch.arange(index.start, index.stop)
         for g in torch.unique_consecutive(groups).tolist():
             rows = groups == g
@@ -81,11 +98,10 @@ class VolumeOverlap:
     def _flush(self) -> None:
         if self.current is None:
             return
-        # one volume as [1, C, H, W, S]: MONAI's overlap over all its voxels, foreground classes averaged
-        pred = F.one_hot(torch.cat(self.pred), self.num_classes).permute(3, 1, 2, 0)[None]
-        true = F.one_hot(torch.cat(self.true), self.num_classes).permute(3, 1, 2, 0)[None]
-        self.dice.append(compute_dice(pred, true, include_background=False, ignore_empty=False).mean())
-        self.iou.append(compute_iou(pred, true, include_background=False, ignore_empty=False).mean())
+        # one volume as [1, S, H, W]: MONAI's overlap over all its voxels, foreground classes averaged
+        dice, iou = overlap(torch.cat(self.pred)[None], torch.cat(self.true)[None], self.num_classes)
+        self.dice.append(dice[0])
+        self.iou.append(iou[0])
         self.done.add(self.current)
         self.current, self.pred, self.true = None, [], []
 
@@ -93,7 +109,13 @@ class VolumeOverlap:
         self._flush()
         if not self.dice:
             raise ValueError("cannot compute metrics on an empty split")
-        return {"dice": 100.0 * float(torch.stack(self.dice).mean()), "iou": 100.0 * float(torch.stack(self.iou).mean())}
+        slice_dice, slice_iou = (100.0 * self.slice_sums / self.slices).tolist()
+        return {
+            "dice": 100.0 * float(torch.stack(self.dice).mean()),
+            "iou": 100.0 * float(torch.stack(self.iou).mean()),
+            "slice_dice": slice_dice,
+            "slice_iou": slice_iou,
+        }
 
 
 class SegmentationTask(Task):
@@ -101,7 +123,9 @@ class SegmentationTask(Task):
     `Split.groups` name their volume. A subclass sets `image_size` (the slices' side) and may set
     `prototype_pooling` ("area", or "sum" for the authors' unnormalised pooling)."""
 
-    metric_names = ("dice", "iou")
+    metric_names = ("dice", "iou", "slice_dice", "slice_iou")
+    # the papers' tables (TMI Table III) average over slices: those columns first, the volumes' beside them
+    table_metrics = ("slice_dice", "slice_iou", "dice", "iou")
     protocol_metrics = ("dice",)
     sample_noun = "slices"
     eval_batch_size = 32

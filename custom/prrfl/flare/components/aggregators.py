@@ -18,7 +18,7 @@ here is refused, since adding it to the wrong base would corrupt the model silen
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -157,8 +157,8 @@ class FourierAggregator(PerClientAggregator):
     Inside the low-frequency box of each weight's centred spectrum the clients share the weighted average
     amplitude (and phase, for components="amplitude_phase"; "amplitude" is the MICCAI PRR-FL variant);
     outside, each client keeps its own. BatchNorm keys (`bn_keys`, default found by name) and `skip`
-    patterns stay at the client; the classifier (`classifier_key`, default the last 2-D weight) is mixed
-    row by row, one class per row (`classifier_rowwise`). `r` holds the last aggregation's r; every output
+    patterns stay at the client; the classifier (`classifier_key`: a key, or several such as the branches of
+    an ASPP head; default the last 2-D weight) is mixed row by row, one class per row (`classifier_rowwise`). `r` holds the last aggregation's r; every output
     model carries it as meta[PFA_R].
     """
 
@@ -169,7 +169,7 @@ class FourierAggregator(PerClientAggregator):
         schedule: pfa.Schedule = "paper",
         components: pfa.Components = "amplitude_phase",
         conv_layout: pfa.ConvLayout = "paper",
-        classifier_key: str | None = None,
+        classifier_key: str | Sequence[str] | None = None,
         classifier_rowwise: bool = True,
         weighting: Weighting = "uniform",
         bn_keys: Iterable[str] | None = None,
@@ -183,7 +183,8 @@ class FourierAggregator(PerClientAggregator):
             raise ValueError(f"conv_layout must be one of {pfa.CONV_LAYOUTS}, got {conv_layout!r}")
         self.r0, self.r1, self.schedule = r0, r1, schedule
         self.components, self.conv_layout = components, conv_layout
-        self.classifier_key, self.classifier_rowwise = classifier_key, classifier_rowwise
+        self.classifier_key = classifier_key if classifier_key is None or isinstance(classifier_key, str) else tuple(classifier_key)
+        self.classifier_rowwise = classifier_rowwise
         self.bn_keys = None if bn_keys is None else list(bn_keys)
         self.skip = None if skip is None else list(skip)
         self.r: float | None = None
