@@ -253,6 +253,42 @@ def test_sweep_exports_each_run_runs_the_simulator_and_reports(tmp_path, capsys)
     assert "[1/2] prr_s0: done in" in printed and "[2/2] prr_s1" in printed
 
 
+def test_sweep_skips_runs_that_finished_with_the_same_config_and_reruns_a_changed_one(tmp_path, capsys):
+    first = FakeSimulator()
+    sweep(["prr"], [0, 1], tmp_path, sites=4, overrides=["num_rounds=3"], runner=first)
+    assert len(first.commands) == 2 and (tmp_path / "prr_s0.done.json").exists()
+    again = FakeSimulator()
+    sweep(["prr"], [0, 1, 2], tmp_path, sites=4, overrides=["num_rounds=3"], runner=again)
+    assert [c["seed"] for c in again.configs] == [2]  # seeds 0 and 1 are done
+    assert "prr_s0: finished before with the same config (prr_s0.done.json); skipped" in capsys.readouterr().out
+    changed = FakeSimulator()
+    sweep(["prr"], [0], tmp_path, sites=4, overrides=["num_rounds=3", "lr=0.5"], runner=changed)
+    assert [c["lr"] for c in changed.configs] == [0.5]  # another config: run again
+    failing = FakeSimulator(fail=True)
+    with pytest.raises(SweepError):
+        sweep(["prr"], [1], tmp_path, sites=4, overrides=["num_rounds=3", "lr=0.5"], runner=failing)
+    assert not (tmp_path / "prr_s1.done.json").exists()  # a run that failed is not marked done
+
+
+def test_profiles_set_every_job_of_a_task_and_set_overrides_apply_on_top(tmp_path):
+    from prrfl.cli import PROFILE_NAMES
+    from prrfl.flare.jobs import DERM_BENCH, PROFILES, PROSTATE_BENCH, PROSTATE_QUICK, job_config
+
+    assert PROFILE_NAMES == tuple(sorted(PROFILES))
+    assert job_config("derm_fedavg", "quick") == job_config("derm_fedavg")
+    bench = job_config("derm_fedbn", "bench")
+    assert (bench.method, bench.num_rounds, bench.local_epochs, bench.data) == ("fedbn", 10, 2, DERM_BENCH["data"])
+    prostate = job_config("prostate_fedavg", "bench")
+    assert (prostate.optimizer, prostate.lr_step_epochs, prostate.data["image_size"]) == ("adam", PROSTATE_QUICK["lr_step_epochs"], 128)
+    assert prostate.data == PROSTATE_BENCH["data"]
+    assert job_config("derm_prr", "paper").num_rounds == 50
+    with pytest.raises(ValueError, match="unknown profile 'huge'; available: \\['bench', 'paper', 'quick'\\]"):
+        job_config("derm_prr", "huge")
+    fake = FakeSimulator()
+    sweep(["fedavg"], [0], tmp_path, sites=4, overrides=[f"num_rounds={ROUNDS}", "data.image_size=32"], runner=fake, profile="bench")
+    assert (fake.configs[0]["local_epochs"], fake.configs[0]["data"]) == (2, {"synthetic_scale": 0.25, "image_size": 32})
+
+
 def test_sweep_names_the_log_of_a_failed_run(tmp_path):
     with pytest.raises(SweepError, match=r"prr_s0 failed \(exit status 1\); see .*prr_s0\.log"):
         sweep(["prr"], [0], tmp_path, runner=FakeSimulator(fail=True))
@@ -284,7 +320,7 @@ def test_cli_sweep_passes_its_options_and_reports_a_failure_with_status_1(tmp_pa
     monkeypatch.setattr("prrfl.sweep.sweep", failing_sweep)
     argv = ["sweep", "--methods", "prr,fedavg", "--seeds", "0,1", "--workspace", str(tmp_path), "--sites", "2", "--set", "num_rounds=2"]
     assert main(argv) == 1
-    assert calls == [((["prr", "fedavg"], [0, 1], str(tmp_path), 2, ["num_rounds=2"]), {"task": "derm"})]
+    assert calls == [((["prr", "fedavg"], [0, 1], str(tmp_path), 2, ["num_rounds=2"]), {"task": "derm", "profile": "quick"})]
     assert "prr_s0.log" in capsys.readouterr().err
 
 

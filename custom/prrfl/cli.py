@@ -12,6 +12,8 @@ from prrfl.config import RunConfig, apply_overrides
 from prrfl.errors import EXIT_STATUS, CommandFailed, run_command, traceback_option
 from prrfl.storage import load_json
 
+PROFILE_NAMES = ("bench", "paper", "quick")  # prrfl.flare.jobs.PROFILES (imported lazily: it imports torch)
+
 
 def validated(job: str, values: dict[str, Any]) -> RunConfig:
     """The whole config checked, with the job named in the error (prrfl.registry.validate_job)."""
@@ -168,7 +170,7 @@ def _positive(text: str) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from prrfl.sweep import sweep
 
-    sweep(_names(args.methods), args.seeds, args.workspace, args.sites, args.set, task=args.task)
+    sweep(_names(args.methods), args.seeds, args.workspace, args.sites, args.set, task=args.task, profile=args.profile)
     return 0
 
 
@@ -307,6 +309,12 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--seeds", type=_integers, default="0", help="comma-separated seeds")
     sweep.add_argument("--workspace", required=True, help="folder for the jobs, simulator workspaces, logs and report")
     sweep.add_argument("--sites", type=int, default=4)
+    sweep.add_argument(
+        "--profile",
+        choices=PROFILE_NAMES,
+        default="quick",
+        help="settings of every job: the committed quick jobs, the bench(mark) or the paper's",
+    )
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run")
     sweep.set_defaults(func=_sweep)
     run = sub.add_parser(

@@ -8,12 +8,19 @@ prrfl.report, exactly as `prrfl report` does for hand-made runs. Layout under th
     jobs/<method>_s<seed>/<task>_<method>/ the job that ran (its config is the record of the run)
     <method>_s<seed>/                      the simulator workspace
     <method>_s<seed>.log                   the simulator's output
+    <method>_s<seed>.done.json             the config of a run that finished (written last)
     <method>_s<seed>/prrfl/<run>/crosseval.json   FCA's generalization/specialization protocol (prrfl.crosseval)
     report/                                report.md, results_long.csv, retrogress.csv, PNGs
 
 All jobs are exported before the first run starts, so an unknown method or a bad override fails in
 seconds rather than after hours of training. The run name carries the seed, so the sites' state
-folders of different seeds never collide.
+folders of different seeds never collide. A sweep started again on the same folder skips each run
+that finished with the same config (its .done.json), so a long sweep can be spread over several
+sittings: run the same command again and it goes on with the first run not yet done.
+
+`--profile` picks the settings of every job: "quick" (the committed jobs), "bench" (the benchmark,
+about 20 min per PRR run on a 2-core CPU; prrfl.flare.jobs.DERM_BENCH / PROSTATE_BENCH) or "paper";
+--set overrides apply on top.
 
 Run time on a 2-core CPU (no GPU) with the quick jobs (4 sites, synthetic federation at 8 % of
 Table I, 64 px, 5 rounds x 2 epochs): one PRR run takes 3.5 min on an idle machine (205 s, of which
@@ -42,7 +49,7 @@ from prrfl.flare.jobs import job_config
 from prrfl.flare.recipe import export_job
 from prrfl.registry import validate_job
 from prrfl.report import SiteResult, build_report
-from prrfl.storage import load_json
+from prrfl.storage import load_json, save_json
 
 Runner = Callable[[list[str], Path], int]  # (command, log file) -> exit status
 
@@ -64,26 +71,40 @@ class SweepRun:
     def name(self) -> str:
         return f"{self.method}_s{self.seed}"
 
+    @property
+    def done_marker(self) -> Path:
+        return self.log.with_name(f"{self.name}.done.json")
+
+    def done_before(self, sites: int) -> bool:
+        """This run finished earlier with the same config on as many sites, and its results are there."""
+        try:
+            done = load_json(self.done_marker)
+        except (OSError, ValueError):
+            return False
+        return done == {"config": self.cfg.to_dict(), "sites": sites} and finished_sites(self) >= sites
+
 
 def job_name(task: str, method: str) -> str:
     """The committed job of a (task, method) pair."""
     return f"{task}_{method}"
 
 
-def run_config(method: str, seed: int, overrides: Sequence[str] = (), task: str = "derm") -> RunConfig:
-    """The job's configuration with the overrides, this seed, and a run name suffixed by the seed;
-    checked whole (a ConfigError naming the job and the field)."""
+def run_config(method: str, seed: int, overrides: Sequence[str] = (), task: str = "derm", profile: str = "quick") -> RunConfig:
+    """The job's configuration under `profile` with the overrides, this seed, and a run name suffixed
+    by the seed; checked whole (a ConfigError naming the job and the field)."""
     job = job_name(task, method)
-    values = apply_overrides(job_config(job).to_dict(), list(overrides))
+    values = apply_overrides(job_config(job, profile).to_dict(), list(overrides))
     values["seed"] = seed
     values["run_name"] = f"{values['run_name']}_s{seed}"
     return validate_job(job, values)
 
 
-def prepare(methods: Sequence[str], seeds: Sequence[int], root: Path, overrides: Sequence[str] = (), task: str = "derm") -> list[SweepRun]:
+def prepare(
+    methods: Sequence[str], seeds: Sequence[int], root: Path, overrides: Sequence[str] = (), task: str = "derm", profile: str = "quick"
+) -> list[SweepRun]:
     """Export every run's job folder; nothing runs yet. Every config is checked before the first
     folder is written, so a bad override leaves nothing behind."""
-    configs = [(method, seed, run_config(method, seed, overrides, task)) for method in methods for seed in seeds]
+    configs = [(method, seed, run_config(method, seed, overrides, task, profile)) for method in methods for seed in seeds]
     runs = []
     for method, seed, cfg in configs:
         name = f"{method}_s{seed}"
@@ -120,13 +141,19 @@ def sweep(
     overrides: Sequence[str] = (),
     runner: Runner = run_logged,
     task: str = "derm",
+    profile: str = "quick",
 ) -> Path:
     """Run every (method, seed) of one task in the simulator one after another, then the report;
-    returns the report's report.md. Raises SweepError naming the log file of the first run that fails."""
+    returns the report's report.md. A run that finished before with the same config is not run again.
+    Raises SweepError naming the log file of the first run that fails."""
     root = Path(root).resolve()
-    runs = prepare(methods, seeds, root, overrides, task)
+    runs = prepare(methods, seeds, root, overrides, task, profile)
     started = time.perf_counter()
     for i, run in enumerate(runs, 1):
+        if run.done_before(sites):
+            print(f"[{i}/{len(runs)}] {run.name}: finished before with the same config ({run.done_marker.name}); skipped", flush=True)
+            continue
+        run.done_marker.unlink(missing_ok=True)
         print(f"[{i}/{len(runs)}] {run.name}: simulator on {sites} sites, log {run.log}", flush=True)
         tick = time.perf_counter()
         status = runner(simulator_command(run.job, run.workspace, sites), run.log)
@@ -141,6 +168,7 @@ def sweep(
                 print(f"[{i}/{len(runs)}] {run.name}: {summary_line(load_json(path))}", flush=True)
         except (OSError, ValueError, RuntimeError) as e:
             print(f"[{i}/{len(runs)}] {run.name}: no generalization/specialization evaluation: {e}", flush=True)
+        save_json({"config": run.cfg.to_dict(), "sites": sites}, run.done_marker)
     report = build_report([run.workspace for run in runs], root / "report", methods=list(methods), task=task)
     print(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; report: {report}", flush=True)
     return report

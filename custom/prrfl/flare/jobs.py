@@ -52,6 +52,23 @@ PROSTATE_PAPER: dict[str, Any] = {
 }
 
 
+# The benchmark (`prrfl sweep --profile bench`): the largest setting a 2-core CPU runs in about 20 min
+# per (method, seed) for PRR, chosen so that FedAvg's own validation curves have flattened by the last
+# round (docs/results/bench_calibration). Dermoscopy: 25 % of the Table I sizes (4x the quick jobs'
+# images, so every site holds every class), 64 px, 10 rounds x 2 epochs at the paper's lr 1e-2; the
+# paper's halving every 25 epochs is not reached in 20. Prostate: 60 % of the Table I cases, 128 px
+# slices, the quick jobs' network and schedule (lr halved after epochs 8 and 16 of 20).
+DERM_BENCH: dict[str, Any] = {"num_rounds": 10, "local_epochs": 2, "data": {"synthetic_scale": 0.25}}
+PROSTATE_BENCH: dict[str, Any] = {**PROSTATE_QUICK, "data": {"image_size": 128, "synthetic_scale": 0.6}}
+
+# The settings of every <task>_<method> job under a profile: "quick" (the committed jobs), "bench", "paper".
+PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "quick": {"derm": QUICK, "prostate": PROSTATE_QUICK},
+    "bench": {"derm": DERM_BENCH, "prostate": PROSTATE_BENCH},
+    "paper": {"derm": PAPER, "prostate": PROSTATE_PAPER},
+}
+
+
 # <task>_<method>: every registered method that applies to the task (the TMI paper's competitors) on
 # the same pipeline, with the options its class docstring states as defaults.
 def _method_jobs(task: str, settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -68,10 +85,17 @@ JOBS: dict[str, dict[str, Any]] = {
 }
 
 
-def job_config(name: str) -> RunConfig:
+def job_config(name: str, profile: str = "quick") -> RunConfig:
+    """The configuration of job `name`; under another profile than "quick", the <task>_<method> job
+    with that profile's settings for its task in place of the quick ones."""
     if name not in JOBS:
         raise ValueError(f"unknown job '{name}'; available: {sorted(JOBS)}")
-    return RunConfig.from_dict({"run_name": name, **JOBS[name]})
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile '{profile}'; available: {sorted(PROFILES)}")
+    job = JOBS[name]
+    if profile != "quick":
+        job = {"task": job["task"], "method": job["method"], **PROFILES[profile][job["task"]]}
+    return RunConfig.from_dict({"run_name": name, **job})
 
 
 def job_values(name: str, base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
