@@ -71,7 +71,8 @@ def test_report_builds_table_iii_and_the_overlay_figure(finished_run, tmp_path):
             assert set(np.unique(z["truth"])) <= {0, 1} and z["truth"][0].any()  # the largest prostate section
     report = build_report([ws], tmp_path / "report")
     text = report.read_text()
-    assert "## Table III: per-site test Dice and IoU" in text and "RUNMC Dice" in text and "Table X" not in text
+    assert "## Table III: per-site test Dice/slice, IoU/slice, Dice and IoU" in text and "Table X" not in text
+    assert "| method | seeds | RUNMC Dice/slice | RUNMC IoU/slice | RUNMC Dice | RUNMC IoU | BMC Dice/slice |" in text
     assert "![overlays](overlays.png)" in text and (tmp_path / "report/overlays.png").stat().st_size > 0
 
 

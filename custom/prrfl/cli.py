@@ -13,6 +13,11 @@ from prrfl.errors import EXIT_STATUS, CommandFailed, run_command, traceback_opti
 from prrfl.storage import load_json
 
 PROFILE_NAMES = ("bench", "paper", "quick")  # prrfl.flare.jobs.PROFILES (imported lazily: it imports torch)
+PROFILE_OPTION: dict[str, Any] = {
+    "choices": PROFILE_NAMES,
+    "default": "quick",
+    "help": "settings of a <task>_<method> job: quick (the committed jobs), bench (the benchmark) or paper",
+}
 
 
 def validated(job: str, values: dict[str, Any]) -> RunConfig:
@@ -31,7 +36,7 @@ def _jobs_export(args: argparse.Namespace) -> int:
     from prrfl.flare.recipe import export_job
 
     names = args.names or sorted(JOBS)
-    configs = {name: validated(name, apply_overrides(job_config(name).to_dict(), args.set)) for name in names}
+    configs = {name: validated(name, apply_overrides(job_config(name, args.profile).to_dict(), args.set)) for name in names}
     for name, cfg in configs.items():
         print(
             export_job(
@@ -70,7 +75,7 @@ def _data_build(args: argparse.Namespace) -> int:
     from prrfl.flare.jobs import job_config
     from prrfl.registry import build_task
 
-    cfg = validated(args.job, apply_overrides(job_config(args.job).to_dict(), args.set))
+    cfg = validated(args.job, apply_overrides(job_config(args.job, args.profile).to_dict(), args.set))
     print(build_task(cfg).prepared_root(None, workers=args.workers))
     return 0
 
@@ -241,6 +246,7 @@ def _parser() -> argparse.ArgumentParser:
     export = jobs.add_parser("export", parents=[common, job_options], help="write the job folders from the code")
     export.add_argument("names", nargs="*", help="jobs to export (default: all)")
     export.add_argument("--out", default="jobs")
+    export.add_argument("--profile", **PROFILE_OPTION)
     export.set_defaults(func=_jobs_export)
     check = jobs.add_parser("check", parents=[common], help="fail if the committed job folders differ from the code")
     check.add_argument("--dir", default="jobs")
@@ -249,6 +255,7 @@ def _parser() -> argparse.ArgumentParser:
     build = data.add_parser("build", parents=[common], help="generate and prepare a job's synthetic federation into the cache")
     build.add_argument("job")
     build.add_argument("--workers", type=int, default=1)
+    build.add_argument("--profile", **PROFILE_OPTION)
     build.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     build.set_defaults(func=_data_build)
     results = sub.add_parser("results", parents=[common], help="per-site table (the task's two main test metrics) of finished runs")
@@ -309,12 +316,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--seeds", type=_integers, default="0", help="comma-separated seeds")
     sweep.add_argument("--workspace", required=True, help="folder for the jobs, simulator workspaces, logs and report")
     sweep.add_argument("--sites", type=int, default=4)
-    sweep.add_argument(
-        "--profile",
-        choices=PROFILE_NAMES,
-        default="quick",
-        help="settings of every job: the committed quick jobs, the bench(mark) or the paper's",
-    )
+    sweep.add_argument("--profile", **PROFILE_OPTION)
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run")
     sweep.set_defaults(func=_sweep)
     run = sub.add_parser(

@@ -710,7 +710,7 @@ def build_report(
     figures = _figures(results, curves or order, summary, out, reference, primary)
     overlays = plot_overlays(results, order, out / "overlays.png", facts.site_names)  # segmentation runs write examples
     figures += [overlays] if overlays else []
-    names = " and ".join(label(m) for m in metrics)
+    names = " and ".join([", ".join(label(m) for m in metrics[:-1]), label(metrics[-1])] if len(metrics) > 1 else [label(metrics[0])])
     sections = [
         f"# Results: {facts.name}\n",
         f"## Runs\n\n{runs_table(results, order)}\n",
