@@ -35,6 +35,18 @@ def test_auc_skips_classes_without_positives_and_f1_counts_them_as_zero():
         classification_metrics(probs[:, :2], labels, 3)
 
 
+def test_each_class_recall_by_name_and_nan_for_a_class_the_split_lacks():
+    labels = np.array([0, 0, 0, 0, 1, 1])
+    # predicted: 0, 0, 0, 1 | 1, 2  -> recall nv 3/4, bkl 1/2, mel absent
+    probs = np.eye(3)[[0, 0, 0, 1, 1, 2]] * 0.7 + 0.1
+    m = classification_metrics(probs, labels, 3, ("nv", "bkl", "mel"))
+    assert (m["recall_nv"], m["recall_bkl"]) == (75.0, 50.0) and math.isnan(m["recall_mel"])
+    assert m["bacc"] == pytest.approx((75.0 + 50.0) / 2)  # bACC is the mean recall of the classes present
+    assert "recall_nv" not in classification_metrics(probs, labels, 3)
+    with pytest.raises(ValueError, match="must name the 3 classes"):
+        classification_metrics(probs, labels, 3, ("nv", "mel"))
+
+
 def test_dice_iou():
     a = np.zeros((4, 4), bool)
     b = np.zeros((4, 4), bool)

@@ -334,3 +334,28 @@ def test_a_report_covers_one_task(workspaces, tmp_path):
         build_report([*workspaces, other], tmp_path / "out")
     report = build_report([*workspaces, other], tmp_path / "out", task="derm").read_text()
     assert "## Table II: per-site test F1 and AUC" in report and "## Table X" in report
+
+
+def test_minority_recall_names_the_most_imbalanced_site_and_averages_each_sites_rarest_class():
+    from prrfl.report import SiteResult, minority_recall_table
+
+    def site(method, seed, cohort, counts, recalls):
+        test = {"f1": 50.0, **{f"recall_{k}": v for k, v in zip(("nv", "bkl", "mel"), recalls)}}
+        return SiteResult(Path("x"), "derm", method, seed, "r", f"site-{cohort}", cohort, 2, {"test": test}, None, None, [], counts)
+
+    # site A: 90/9/1 (ratio 90, rarest mel); site B: 50/30/20 (ratio 2.5, rarest mel); site C has no bkl: 40/0/10 (rarest mel)
+    results = [
+        site("prr", 0, "A", [90, 9, 1], [95.0, 40.0, 20.0]),
+        site("prr", 0, "B", [50, 30, 20], [80.0, 60.0, 40.0]),
+        site("prr", 1, "A", [90, 9, 1], [95.0, 40.0, 40.0]),
+        site("prr", 1, "B", [50, 30, 20], [80.0, 60.0, 60.0]),
+        site("fedavg", 0, "A", [90, 9, 1], [99.0, 10.0, 0.0]),
+        site("fedavg", 0, "B", [50, 30, 20], [90.0, 50.0, 30.0]),
+    ]
+    table = minority_recall_table(results, ["prr", "fedavg"], ("nv", "bkl", "mel"))
+    lines = table.splitlines()
+    assert lines[0] == "| method | seeds | site A: recall of mel | mean over sites of the rarest class's recall |"
+    assert lines[2] == "| prr | 2 | 30.00 ± 14.14 | 40.00 ± 14.14 |"  # A: 20, 40; per seed (20+40)/2=30, (40+60)/2=50
+    assert lines[3].startswith("| fedavg | 1 | 0.00") and "15.00" in lines[3]
+    assert "Site A is the most imbalanced (90 nv, 9 bkl, 1 mel training images)" in table
+    assert minority_recall_table([site("prr", 0, "A", [90, 9, 1], [])], ["prr"], ("nv", "bkl", "mel")) is None  # no recall kept

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
-from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score, roc_auc_score
+from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score, recall_score, roc_auc_score
 
 LABELS = {
     "f1": "F1",
@@ -51,8 +51,9 @@ def download_drops(history: Iterable[dict], metric: str) -> dict[int, tuple[floa
     return {rnd: (before[rnd - 1][1], after[rnd]) for rnd in sorted(after) if rnd - 1 in before}
 
 
-def classification_metrics(probs: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, float]:
-    """probs [N, C] softmax outputs, labels [N] ints -> {"f1", "auc", "acc", "bacc"} in percent.
+def classification_metrics(probs: np.ndarray, labels: np.ndarray, num_classes: int, class_names: Sequence[str] = ()) -> dict[str, float]:
+    """probs [N, C] softmax outputs, labels [N] ints -> {"f1", "auc", "acc", "bacc"} in percent, and with
+    `class_names` each class's recall as "recall_<name>" (NaN for a class absent from `labels`).
 
     AUC is the unweighted mean of the one-vs-rest AUCs over the classes present in `labels` (with at
     least one negative too); a split where no class qualifies gives NaN rather than a made-up value.
@@ -69,11 +70,15 @@ def classification_metrics(probs: np.ndarray, labels: np.ndarray, num_classes: i
         warnings.simplefilter("ignore")  # sklearn warns on classes absent from y_true; the macro rule is explicit
         f1 = f1_score(labels, preds, labels=classes, average="macro", zero_division=0)
         bacc = balanced_accuracy_score(labels, preds)
+        recall = recall_score(labels, preds, labels=classes, average=None, zero_division=np.nan) if class_names else ()
+    if class_names and len(class_names) != num_classes:
+        raise ValueError(f"class_names must name the {num_classes} classes, got {list(class_names)}")
     return {
         "f1": 100.0 * f1,
         "auc": 100.0 * ovr_auc(probs, labels, num_classes),
         "acc": 100.0 * accuracy_score(labels, preds),
         "bacc": 100.0 * bacc,
+        **{f"recall_{name}": 100.0 * float(r) for name, r in zip(class_names, recall)},
     }
 
 

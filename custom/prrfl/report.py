@@ -222,6 +222,7 @@ class SiteResult:
     last: dict[str, Any] | None
     ood: dict[str, float] | None
     history: list[dict[str, Any]]
+    class_counts: list[int] | None = None  # training images (voxels) per class
 
     @classmethod
     def load(cls, path: Path) -> SiteResult | None:
@@ -229,7 +230,7 @@ class SiteResult:
         data = load_json(path)
         if "site" not in data:
             return None
-        keys = ("method", "seed", "run_id", "site", "cohort", "rounds_completed", "best", "last", "ood", "history")
+        keys = ("method", "seed", "run_id", "site", "cohort", "rounds_completed", "best", "last", "ood", "history", "class_counts")
         return cls(path=path, task=data.get("task", LEGACY_TASK), **{k: data.get(k) for k in keys})
 
     def identity(self) -> dict[str, Any]:
@@ -429,6 +430,39 @@ def table_x(rows: Sequence[dict[str, Any]], methods: Sequence[str], cohort: str,
         body.append([method, str(seeds)] + [mean_std(list(values[m].get(method, {}).values())) for m in metrics])
     header = ["method", "seeds"] + [f"OOD {label(m)}" for m in metrics]
     note = f"Best-on-validation model of site {cohort} on the out-of-distribution cohort; mean ± sample std over seeds."
+    return _markdown(header, body) + "\n\n" + note
+
+
+def minority_recall_table(results: Sequence[SiteResult], methods: Sequence[str], class_names: Sequence[str]) -> str | None:
+    """Each site's rarest training class (fewest images, at least one) and its test recall at the site's best
+    validation round: at the most imbalanced site (the largest ratio of its commonest to its rarest class),
+    and averaged over the sites. None when the results hold no per-class recall."""
+    counts = {r.cohort: r.class_counts for r in results if r.class_counts and len(r.class_counts) == len(class_names)}
+    rarest = {c: min((n, k) for k, n in enumerate(cc) if n > 0)[1] for c, cc in counts.items() if any(cc)}
+    tests = [(r, (r.best or {}).get("test") or {}) for r in results if r.cohort in rarest]
+    if not rarest or not any(f"recall_{class_names[0]}" in t for _, t in tests):
+        return None
+    worst = max(rarest, key=lambda c: (max(counts[c]) / counts[c][rarest[c]], c))
+    name = class_names[rarest[worst]]
+
+    def recall(r: SiteResult, test: dict[str, float]) -> float:
+        return test.get(f"recall_{class_names[rarest[r.cohort]]}", math.nan)
+
+    body = []
+    for method in methods:
+        own = [(r, t) for r, t in tests if r.method == method]
+        at_worst = [recall(r, t) for r, t in own if r.cohort == worst]
+        by_seed: dict[int, list[float]] = {}
+        for r, t in own:
+            by_seed.setdefault(r.seed, []).append(recall(r, t))
+        body.append([method, str(len(at_worst)), mean_std(at_worst), mean_std([nanmean(v) for v in by_seed.values()])])
+    header = ["method", "seeds", f"site {worst}: recall of {name}", "mean over sites of the rarest class's recall"]
+    cc = ", ".join(f"{n} {k}" for n, k in zip(counts[worst], class_names))
+    note = (
+        f"Site {worst} is the most imbalanced ({cc} training images); its rarest class is {name}. Test recall (%) of "
+        "each site's model at its best validation round, mean ± sample std over seeds; the last column averages each "
+        "site's recall of its own rarest training class first. A class imbalance method (CPA, FCA's prior) should raise it."
+    )
     return _markdown(header, body) + "\n\n" + note
 
 
@@ -729,6 +763,9 @@ def build_report(
             + "\n\n".join(matrices)
             + "\n\nMean ± sample std over seeds; the diagonal is each site's own test split (Table II).\n"
         )
+    minority = minority_recall_table(results, order, facts.class_names)  # None for tasks without per-class recall
+    if minority:
+        sections.append(f"## Class imbalance: the rarest class's recall\n\n{minority}\n")
     sections += [
         f"## Retrogress after communication\n\n{retrogress_table(summary, primary)}\n",
         "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n",

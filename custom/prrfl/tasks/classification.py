@@ -11,10 +11,12 @@ from prrfl.tasks.base import Split, Task
 
 class ClassProbabilities:
     """Streaming classification metrics: keeps the softmax outputs [N, C] of the split (a few
-    numbers per image: AUC ranks all of them) and computes macro F1, AUC, accuracy and bACC."""
+    numbers per image: AUC ranks all of them) and computes macro F1, AUC, accuracy, bACC and each
+    class's recall."""
 
-    def __init__(self, num_classes: int):
+    def __init__(self, num_classes: int, class_names: tuple[str, ...] = ()):
         self.num_classes = num_classes
+        self.class_names = class_names
         self.probs: list[torch.Tensor] = []
         self.labels: list[torch.Tensor] = []
 
@@ -23,7 +25,7 @@ class ClassProbabilities:
         self.labels.append(targets.cpu())
 
     def compute(self) -> dict[str, float]:
-        return classification_metrics(torch.cat(self.probs).numpy(), torch.cat(self.labels).numpy(), self.num_classes)
+        return classification_metrics(torch.cat(self.probs).numpy(), torch.cat(self.labels).numpy(), self.num_classes, self.class_names)
 
 
 class ClassificationTask(Task):
@@ -35,7 +37,7 @@ class ClassificationTask(Task):
     protocol_metrics = ("bacc", "auc")  # FCA's bACC and bAUC (its bAUC: the mean one-vs-rest AUC over the classes present)
 
     def new_metric(self, split: Split) -> ClassProbabilities:
-        return ClassProbabilities(self.num_classes)
+        return ClassProbabilities(self.num_classes, self.class_names)
 
     def class_counts(self, split: Split) -> list[int]:
         return torch.bincount(split.targets.cpu(), minlength=self.num_classes).tolist()
