@@ -223,7 +223,7 @@ def test_uploads_are_aggregated_in_cohort_order_whatever_the_flare_client_names(
         renamed.uploads[name] = Upload(name, up.params, up.num_train, up.class_counts, up.meta)
     assert fed.in_cohort_order(deployed, ["aa-hospital", "zz-hospital"]) == ["zz-hospital", "aa-hospital"]
     simulated, deployment = fed.round(state, 0, answers), fed.round(deployed, 0, renamed)
-    assert deployment.summary.sites == ["zz-hospital", "aa-hospital"]
+    assert deployment.summary.sites == ["aa-hospital", "zz-hospital"]  # who took part, by name
     for name, cohort in named.items():
         ours, theirs = deployment.state.downloads[name].params, simulated.state.downloads[cohort].params
         assert all(torch.equal(ours[k], theirs[k]) for k in theirs), name

@@ -253,7 +253,7 @@ class Federation:
         summaries = {site: answers.summaries.get(site, {}) for site in checked}
         summary = RoundSummary(
             round=round_idx,
-            sites=[u.site for u in uploads],
+            sites=sorted(u.site for u in uploads),  # who took part (aggregated in cohort order)
             summaries=summaries,
             seconds={s: answers.seconds[s] for s in summaries if s in answers.seconds},
             missing=dict(answers.missing),
