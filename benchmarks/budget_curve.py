@@ -40,7 +40,13 @@ def main(argv: list[str]) -> int:
         primary, metrics = facts.metric_names[0], facts.table_metrics[:2]
         total = min(sum(h["kind"] == "round" for h in r["history"]) for r in results)
         print(f"\n## {name}: reported test metrics after k rounds (best validation {primary} among the first k)\n")
-        print("| rounds | " + " | ".join(f"mean {m}" for m in metrics) + " | " + " | ".join(f"{r['cohort']} {primary}" for r in results) + " |")
+        print(
+            "| rounds | "
+            + " | ".join(f"mean {m}" for m in metrics)
+            + " | "
+            + " | ".join(f"{r['cohort']} {primary}" for r in results)
+            + " |"
+        )
         print("|---|" + "---|" * (len(metrics) + len(results)))
         for k in range(1, total + 1):
             tests = [reported_after(r["history"], k, primary) for r in results]
