@@ -364,7 +364,7 @@ def test_every_method_runs_two_rounds_through_the_shared_loop(name, task_fixture
         losses = [v for tag, v, _ in s.scalars if tag.startswith("loss/")]
         assert losses and all(math.isfinite(v) for v in losses)
         assert s.round_idx == 1 and s.best is not None
-        assert set(s.best["test"]) == set(tiny_task.metric_names)
+        assert set(s.best["test"]) == set(tiny_task.recorded_metrics)
 
 
 def test_a_method_that_cannot_apply_to_a_task_is_refused_when_the_job_is_built(tiny_seg_task, monkeypatch):

@@ -94,7 +94,7 @@ class Task:
     ood_cohort: ClassVar[str | None] = None  # evaluated at the end, never trained on
     ood_scored_by: ClassVar[str | None] = None  # the cohort whose best model the report scores on it
     paper_table: ClassVar[str] = "per-site results"  # the paper's name of the per-site table, for the report
-    metric_names: ClassVar[tuple[str, ...]]  # the metrics a site records, the primary one (selection, DET) first
+    metric_names: ClassVar[tuple[str, ...]]  # the task's main metrics, the primary one (selection, DET) first
     table_metrics: ClassVar[tuple[str, ...]]  # the test metrics of the per-site tables, in their order
     protocol_metrics: ClassVar[tuple[str, ...]]  # of FCA's generalization/specialization protocol (prrfl.crosseval)
     sample_noun: ClassVar[str] = "images"  # what num_train counts, for messages
@@ -106,6 +106,11 @@ class Task:
     @property
     def primary_metric(self) -> str:
         return self.metric_names[0]
+
+    @property
+    def recorded_metrics(self) -> tuple[str, ...]:
+        """Every metric `evaluate` returns: metric_names, and what a kind of task adds (per-class values)."""
+        return self.metric_names
 
     # ----- model and data ----------------------------------------------------------------
     def build_model(self) -> torch.nn.Module:

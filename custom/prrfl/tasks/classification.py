@@ -36,6 +36,10 @@ class ClassificationTask(Task):
     table_metrics = ("f1", "auc")  # the papers' Table II
     protocol_metrics = ("bacc", "auc")  # FCA's bACC and bAUC (its bAUC: the mean one-vs-rest AUC over the classes present)
 
+    @property
+    def recorded_metrics(self) -> tuple[str, ...]:
+        return (*self.metric_names, *(f"recall_{name}" for name in self.class_names))
+
     def new_metric(self, split: Split) -> ClassProbabilities:
         return ClassProbabilities(self.num_classes, self.class_names)
 
