@@ -656,6 +656,28 @@ def _gland_radius(an: Anatomy, t: np.ndarray, u: np.ndarray, v: np.ndarray, A: n
     return np.sqrt((u / A) ** 2 + (v / B) ** 2) / outline
 
 
+def _occupancy(reg: _Region, an: Anatomy, thickness: float) -> np.ndarray:
+    """Through-plane partial volume: the share of each voxel's slice thickness (a flat slice profile,
+    sampled at 5 heights) inside the gland; where the outline changes fast along z (apex, base) the
+    edge becomes a soft ramp, at mid-gland it stays sharp."""
+    out = np.zeros(np.broadcast_shapes(reg.X.shape, reg.Z.shape), np.float32)
+    for f in (-0.4, -0.2, 0.0, 0.2, 0.4):
+        t, u, v, A, B = _gland_frame(reg, an, f * thickness)
+        out += ((_gland_radius(an, t, u, v, A, B) < 1) & (np.abs(t) < 1)).astype(np.float32) / 5
+    return out
+
+
+def gland_occupancy(an: Anatomy, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """(partial-volume occupancy [Z,H,W] in 0..1, gland mask at the slices' centres [Z,H,W]) of the
+    undeformed gland on `grid` (the render adds the smooth deformation)."""
+    X = grid.xs.astype(np.float32)[None, None, :] + np.zeros((1, len(grid.ys), 1), np.float32)
+    Y = grid.ys.astype(np.float32)[None, :, None] + np.zeros((1, 1, len(grid.xs)), np.float32)
+    reg = _Region((slice(None),) * 3, X, Y, grid.zs.astype(np.float32)[:, None, None])
+    t, u, v, A, B = _gland_frame(reg, an)
+    mask = (_gland_radius(an, t, u, v, A, B) < 1) & (np.abs(t) < 1)
+    return _occupancy(reg, an, grid.spacing[2]), mask
+
+
 def _periprostatic(cv: _Canvas, an: Anatomy, val: dict[str, float]) -> None:
     a, b, c = an.semi
     reg = cv.region(-1.6 * a - 5, 1.6 * a + 5, -1.6 * b - 8, 1.6 * b, -1.05 * c, 1.05 * c)
@@ -772,13 +794,7 @@ def _gland(cv: _Canvas, an: Anatomy, val: dict[str, float]) -> np.ndarray:
     inside_t = np.abs(t) < 1
     rho = _gland_radius(an, t, u, v, A, B)
     gland = (rho < 1) & inside_t
-    # through-plane partial volume: the share of the slice's thickness (a flat profile, 5 points) inside
-    # the gland; where the outline changes fast along z (apex, base) the edge becomes a soft ramp
-    thick = cv.grid.spacing[2]
-    occupancy = np.zeros(gland.shape, np.float32)
-    for f in (-0.4, -0.2, 0.0, 0.2, 0.4):
-        tf, uf, vf, Af, Bf = _gland_frame(reg, an, f * thick)
-        occupancy += ((_gland_radius(an, tf, uf, vf, Af, Bf) < 1) & (np.abs(tf) < 1)).astype(np.float32) / 5
+    occupancy = _occupancy(reg, an, cv.grid.spacing[2])
     touched = occupancy > 0
     # the capsule: a dark rim whose conspicuity varies per case, fades towards apex and base, and is
     # clearest posterolaterally (against fat), least anteriorly (fused with the stroma)

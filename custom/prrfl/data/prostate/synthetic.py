@@ -75,6 +75,21 @@ class CasePlan:
         return self.fov / self.native_matrix
 
 
+def protocol_summary(profile: ScannerProfile) -> dict:
+    """A site's acquisition protocol as written to synthetic.json (full-size geometry)."""
+    return {
+        "vendor": profile.vendor,
+        "field_t": list(profile.field_t),
+        "endorectal": profile.endorectal,
+        "matrix": list(profile.matrices),
+        "pixel_mm": [round(v, 4) for v in profile.pixel],
+        "fov_mm": [round(v, 1) for v in profile.fov],
+        "thickness_mm": list(profile.thickness),
+        "phase_encoding": profile.phase_axis,
+        "artefact": profile.artefact,
+    }
+
+
 def _case_seed(seed: int, site_name: str, index: int) -> np.random.SeedSequence:
     return np.random.SeedSequence([int(seed) & 0xFFFFFFFF, SITE_NAMES.index(site_name), int(index)])
 
@@ -268,6 +283,7 @@ def generate_synthetic_prostate(
             "counts": counts,
             "mask_tags": {s: SCANNER_PROFILES[s].mask_tag for s in names},
             "orientations": {s: SCANNER_PROFILES[s].orientation for s in names},
+            "protocols": {s: protocol_summary(SCANNER_PROFILES[s]) for s in names},
             "cases": cases,
         }
         (tmp / SYNTHETIC_MARKER).write_text(json.dumps(info, indent=2) + "\n")
