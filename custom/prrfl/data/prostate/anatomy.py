@@ -22,16 +22,20 @@ What is painted, back to front:
 * periprostatic fat with the bright venous plexus (anterior, lateral) and the neurovascular
   bundles (posterolateral);
 * the rectum: dark muscular wall, brighter mucosa, lumen collapsed, with gas (black), fluid, an
-  air-fluid level, or an endorectal coil's balloon (dark, large, flattening the gland);
-* the seminal vesicles (bright, lobulated) and the bladder (urine: the brightest signal, thin dark
-  wall) above the gland;
+  air-fluid level, stool (mottled, with gas bubbles), or an endorectal coil's balloon (dark,
+  large, flattening the gland); its size follows its content;
+* the seminal vesicles (bright, lobulated) and the bladder (urine: the brightest signal, dark
+  wall) above the gland; its filling (empty .. full) sets how far it reaches cranially and
+  anteriorly and how thick its wall is;
 * the gland: a deformed ellipsoid (random smooth harmonics of the outline that drift along z;
   largest just above mid-gland, narrowing to the base and more to the apex; apex tilted
   anteriorly; posterior surface flattened by the rectum) with a bright peripheral zone
   (posterior crescent), a darker heterogeneous transition zone anteriorly (size = degree of
   hyperplasia; nodules of mixed signal with dark rims; a dark surgical capsule), a darker central
   zone at the base, the dark anterior fibromuscular stroma, the urethra with its sphincter at the
-  apex, sometimes a dark peripheral-zone focus, and a thin dark capsule.
+  apex, sometimes a dark peripheral-zone focus, and a thin capsule whose conspicuity varies per
+  case and fades towards apex and base; the gland's signal is weighted by the share of the slice's
+  thickness inside it (through-plane partial volume: soft edges at apex and base, thick slices).
 Tissue values are jittered per case and modulated by smooth random textures (coarse and fine).
 """
 

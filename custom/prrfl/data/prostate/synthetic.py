@@ -4,11 +4,11 @@ Output (under `raw_root`): one folder per site with `CaseNN.nii.gz` (int16 T2 vo
 encoding the voxel spacing, stored in the site's voxel order) and its mask (uint8 0/1) named with
 the site's tag (`CaseNN_Segmentation.nii.gz` at RUNMC and BMC, `CaseNN_segmentation.nii.gz`
 elsewhere, as both spellings occur in the public set), and synthetic.json (seed, scale, counts,
-geometry of every case, generator version). Everything is written into a hidden temporary folder
+each site's protocol, geometry and protocol of every case, generator version). Everything is written into a hidden temporary folder
 renamed to `raw_root` only when complete.
 
-Per case: the geometry (field of view, matrix, slice thickness and count) is drawn from the site's
-ScannerProfile; the gland volume is then chosen so that the case's prostate voxel share follows
+Per case: the protocol (field strength, endorectal coil, matrix and pixel size so the field of
+view, slice thickness and count) is drawn from the site's ScannerProfile (MS-Net's Table I); the gland volume is then chosen so that the case's prostate voxel share follows
 the site's Table I V_P (jittered by about 18 %); the anatomy (anatomy.py) is drawn and rendered,
 and the site's scanner (scanner.py) acquires it. Each case has its own seed derived from (seed,
 site, case), so a case does not change when the scale, the matrix or the other sites change.
@@ -244,8 +244,8 @@ def generate_synthetic_prostate(
     """Write the synthetic raw layout to `raw_root` and return the content of its synthetic.json.
 
     Cases per site follow Table I times `scale` (at least `min_cases`); the in-plane matrix is the
-    site's (384-512 px) times `matrix_scale`, capped at `max_matrix` (the field of view stays, so
-    the pixels grow). Deterministic in `seed`: the same arguments write the same bytes, whatever
+    site protocol's (256-512 px) times `matrix_scale`, capped at `max_matrix` (the field of view
+    stays, so the pixels grow). Deterministic in `seed`: the same arguments write the same bytes, whatever
     `workers` (> 1: cases rendered in spawned processes, for full-size sets; the calling program's
     main module must then be importable and guarded by `if __name__ == "__main__"`).
     """
