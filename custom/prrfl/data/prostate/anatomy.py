@@ -639,11 +639,10 @@ def _vessels(cv: _Canvas, an: Anatomy, val: dict[str, float]) -> None:
         cv.paint(reg, present & (r < 0.8), val["bulb"], 0.06, 0.1)
 
 
-def _gland_frame(reg: _Region, an: Anatomy, dz: float = 0.0) -> tuple[np.ndarray, ...]:
-    """Per voxel: normalised height t, the in-plane local coordinates u, v (mm) and semi-axes A, B at t
-    (`dz`: mm above the slice's centre, for points through the slice's thickness)."""
+def _gland_frame(reg: _Region, an: Anatomy) -> tuple[np.ndarray, ...]:
+    """Per voxel: normalised height t, the in-plane local coordinates u, v (mm) and semi-axes A, B at t."""
     a, b, c = an.semi
-    t = (reg.Z + dz) / c
+    t = reg.Z / c
     s = gland_profile(t)
     cx, cy = an.tilt[0] * c * t, an.tilt[1] * c * t
     ca, sa = math.cos(an.angle), math.sin(an.angle)
@@ -660,15 +659,17 @@ def _gland_radius(an: Anatomy, t: np.ndarray, u: np.ndarray, v: np.ndarray, A: n
     return np.sqrt((u / A) ** 2 + (v / B) ** 2) / outline
 
 
-def _occupancy(reg: _Region, an: Anatomy, thickness: float) -> np.ndarray:
+def _occupancy(an: Anatomy, t: np.ndarray, radius: np.ndarray, thickness: float) -> np.ndarray:
     """Through-plane partial volume: the share of each voxel's slice thickness (a flat slice profile,
-    sampled at 5 heights) inside the gland; where the outline changes fast along z (apex, base) the
-    edge becomes a soft ramp, at mid-gland it stays sharp."""
-    out = np.zeros(np.broadcast_shapes(reg.X.shape, reg.Z.shape), np.float32)
-    for f in (-0.4, -0.2, 0.0, 0.2, 0.4):
-        t, u, v, A, B = _gland_frame(reg, an, f * thickness)
-        out += ((_gland_radius(an, t, u, v, A, B) < 1) & (np.abs(t) < 1)).astype(np.float32) / 5
-    return out
+    sampled at its centre and a third of the thickness above and below) inside the gland; where the
+    outline changes fast along z (apex, base) the edge becomes a soft ramp, at mid-gland it stays
+    sharp. `radius`: the voxel's radius relative to the gland's largest outline (inside at height t
+    where radius < gland_profile(t); the outline's slow drift over a third of a slice is neglected)."""
+    out = np.zeros(np.broadcast_shapes(t.shape, radius.shape), np.float32)
+    for f in (-1 / 3, 0.0, 1 / 3):
+        tf = t + f * thickness / an.semi[2]
+        out += (radius < gland_profile(tf)) & (np.abs(tf) < 1)
+    return out / 3
 
 
 def gland_occupancy(an: Anatomy, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
@@ -677,9 +678,9 @@ def gland_occupancy(an: Anatomy, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
     X = grid.xs.astype(np.float32)[None, None, :] + np.zeros((1, len(grid.ys), 1), np.float32)
     Y = grid.ys.astype(np.float32)[None, :, None] + np.zeros((1, 1, len(grid.xs)), np.float32)
     reg = _Region((slice(None),) * 3, X, Y, grid.zs.astype(np.float32)[:, None, None])
-    t, u, v, A, B = _gland_frame(reg, an)
-    mask = (_gland_radius(an, t, u, v, A, B) < 1) & (np.abs(t) < 1)
-    return _occupancy(reg, an, grid.spacing[2]), mask
+    t, u, v, _, _ = _gland_frame(reg, an)
+    radius = _gland_radius(an, t, u, v, an.semi[0], an.semi[1])
+    return _occupancy(an, t, radius, grid.spacing[2]), (radius < gland_profile(t)) & (np.abs(t) < 1)
 
 
 def _periprostatic(cv: _Canvas, an: Anatomy, val: dict[str, float]) -> None:
@@ -796,9 +797,10 @@ def _gland(cv: _Canvas, an: Anatomy, val: dict[str, float]) -> np.ndarray:
         return mask
     t, u, v, A, B = _gland_frame(reg, an)
     inside_t = np.abs(t) < 1
-    rho = _gland_radius(an, t, u, v, A, B)
+    radius = _gland_radius(an, t, u, v, a, b)  # relative to the largest outline: scale-free
+    rho = radius * (a / A)  # relative to the outline at this height
     gland = (rho < 1) & inside_t
-    occupancy = _occupancy(reg, an, cv.grid.spacing[2])
+    occupancy = _occupancy(an, t, radius, cv.grid.spacing[2])
     touched = occupancy > 0
     # the capsule: a dark rim whose conspicuity varies per case, fades towards apex and base, and is
     # clearest posterolaterally (against fat), least anteriorly (fused with the stroma)
