@@ -295,11 +295,11 @@ def kspace_window(n: int, acquired: float, apodisation: float) -> np.ndarray:
 def _wrapped(grid: Grid, anat: Anatomy, rng: np.random.Generator) -> np.ndarray:
     """[1,H,W]: the body wall beyond the left and right edges, folded in (phase oversampling too small for the patient)."""
     fov = grid.xs[-1] - grid.xs[0] + grid.spacing[0]
-    fov_rec = fov * (1 + float(rng.uniform(0.3, 0.8)))  # the oversampled field of view; what lies beyond it folds
+    fov_rec = fov * (1 + float(rng.uniform(0.4, 1.0)))  # the oversampled field of view; what lies beyond it folds
     X, Y = grid.xs[None, :], grid.ys[:, None]
     z = float(grid.zs.mean())
     folded = body_wall_signal(anat, X + fov_rec, Y, z) + body_wall_signal(anat, X - fov_rec, Y, z)
-    return (0.8 * folded)[None]  # lateral tissue lies far from the anterior and posterior coil elements
+    return (0.5 * folded)[None]  # lateral tissue lies far from the anterior and posterior coil elements
 
 
 def _ghosts(k: np.ndarray, s: np.ndarray, grid: Grid, anat: Anatomy, rng: np.random.Generator, axis: int) -> np.ndarray:
