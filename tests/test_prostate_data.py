@@ -713,3 +713,14 @@ def test_gland_edge_softens_towards_apex_and_base_and_with_thick_slices():
     mid, ends = partial(an, 3.6)
     assert ends > 3 * mid and ends > 0.2  # apex and base: a wide partial-volume band
     assert partial(an, 1.25)[1] < 0.6 * ends  # thin slices: less
+
+
+def test_level_montage_shows_every_site(synth, tmp_path):
+    pytest.importorskip("matplotlib")
+    from prrfl.data.prostate.preview import write_level_montage
+
+    raw, _ = synth
+    path = write_level_montage(raw, tmp_path / "mid.png", sites=["BMC", "HK"], cases=2, level="mid-gland", outline=True)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="level"):
+        write_level_montage(raw, tmp_path / "x.png", level="prostate")
