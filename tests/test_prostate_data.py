@@ -3,6 +3,7 @@ synthetic generator (determinism, geometry, Table I, site shifts, anatomy), cach
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import shutil
@@ -15,9 +16,9 @@ import torch
 
 from prrfl.data.prostate import __main__ as cli
 from prrfl.data.prostate import cache as cache_mod
-from prrfl.data.prostate.anatomy import sample_anatomy
+from prrfl.data.prostate.anatomy import Grid, gland_occupancy, sample_anatomy
 from prrfl.data.prostate.cache import ensure_synthetic_prostate
-from prrfl.data.prostate.layout import SITES, SPLITS, TABLE_SITES
+from prrfl.data.prostate.layout import SITE_NAMES, SITES, SPLITS, TABLE_SITES
 from prrfl.data.prostate.prepare import ProstateManifest, prepare_prostate
 from prrfl.data.prostate.reader import (
     CaseFiles,
@@ -28,7 +29,7 @@ from prrfl.data.prostate.reader import (
     load_case,
     to_display,
 )
-from prrfl.data.prostate.scanner import SCANNER_PROFILES, acquire
+from prrfl.data.prostate.scanner import SCANNER_PROFILES, acquire, b1_shading, receive_field
 from prrfl.data.prostate.splitting import patient_split
 from prrfl.data.prostate.store import load_split, split_path
 from prrfl.data.prostate.synthetic import (
@@ -400,16 +401,49 @@ def test_synthetic_layout_is_read_by_the_real_reader(synth):
         np.testing.assert_array_equal(to_display(case.mask), synthesize_case(plan_case(s, 0, 3, max_matrix=32)).mask)
 
 
-def test_full_size_geometry_follows_the_site_profiles():
-    for s in TABLE_SITES:
+# MS-Net (Liu et al., IEEE TMI 2020), Table I: field strengths (T), endorectal coil, in-plane pixel and slice thickness (mm)
+TABLE_I_PROTOCOLS = {
+    "RUNMC": ({3.0}, False, (0.6, 0.625), (3.6, 4.0), "Siemens"),
+    "BMC": ({1.5}, True, (0.4, 0.4), (3.0, 3.0), "Philips"),
+    "UCL": ({1.5, 3.0}, False, (0.325, 0.625), (3.0, 3.6), "Siemens"),
+    "BIDMC": ({3.0}, True, (0.25, 0.25), (2.2, 3.0), "GE"),
+    "HK": ({1.5}, True, (0.625, 0.625), (3.6, 3.6), "Siemens"),
+    "I2CVB": ({3.0}, False, (0.67, 0.79), (1.25, 1.25), "Siemens"),
+}
+
+
+def test_full_size_geometry_follows_the_table_i_protocols():
+    for s, (fields, erc, pixel, thick, vendor) in TABLE_I_PROTOCOLS.items():
         prof = SCANNER_PROFILES[s]
-        for i in range(4):
+        assert prof.endorectal is erc and set(prof.field_t) == fields and prof.vendor == vendor == SITES[s].vendor
+        assert pixel[0] <= prof.pixel[0] <= prof.pixel[1] <= pixel[1] and thick[0] <= prof.thickness[0] <= prof.thickness[1] <= thick[1]
+        seen = set()
+        for i in range(12):
             plan = plan_case(s, i, 0)
-            assert plan.matrix in prof.matrix and 384 <= plan.matrix <= 512
-            assert 0.39 <= plan.spacing[0] <= 0.7 and 3.0 <= plan.thickness <= 4.0
-            assert 15 <= plan.slices <= 40
+            assert plan.matrix == plan.native_matrix and plan.matrix in prof.matrices and 256 <= plan.matrix <= 512
+            assert pixel[0] - 1e-9 <= plan.spacing[0] == plan.native_pixel <= pixel[1] + 1e-9, (s, plan.spacing)
+            assert thick[0] <= plan.thickness <= thick[1] and plan.fov == pytest.approx(plan.matrix * plan.spacing[0])
+            assert 120 <= plan.fov <= 210  # a small field of view centred on the prostate
+            assert plan.endorectal is erc and 15 <= plan.slices <= 70
+            seen.add(plan.field_t)
+        assert seen == fields  # UCL: both field strengths occur
         assert plan_case(s, 0, 0, matrix_scale=0.5).matrix == round(plan_case(s, 0, 0).matrix * 0.5)
-        assert plan_case(s, 0, 0, max_matrix=100).fov == plan_case(s, 0, 0).fov  # the field of view stays
+        small = plan_case(s, 0, 0, max_matrix=100)
+        assert small.fov == plan_case(s, 0, 0).fov and small.native_pixel == plan_case(s, 0, 0).native_pixel  # the field of view stays
+    assert {s for s, p in SCANNER_PROFILES.items() if p.endorectal} == {"BMC", "BIDMC", "HK"}
+
+
+def test_synthetic_json_records_the_protocol_of_every_case(synth):
+    _, info = synth
+    for s, rows in info["cases"].items():
+        fields, erc, pixel, thick, vendor = TABLE_I_PROTOCOLS[s]
+        for row in rows:
+            assert pixel[0] - 1e-4 <= row["native_pixel"] <= pixel[1] + 1e-4 and thick[0] <= row["thickness"] <= thick[1]
+            assert row["field_t"] in fields and row["endorectal"] is erc and row["vendor"] == vendor
+            assert row["spacing"][0] == pytest.approx(row["fov"] / row["matrix"], abs=1e-4)  # small matrix: larger pixels
+            assert row["rectal_content"] == "balloon" if erc else row["rectal_content"] != "balloon"
+            assert 0 <= row["bladder_filling"] <= 1
+    assert info["protocols"]["BIDMC"]["endorectal"] and info["protocols"]["UCL"]["field_t"] == [1.5, 3.0]
 
 
 def test_synthetic_generation_is_deterministic(synth, tmp_path):
@@ -463,7 +497,9 @@ def test_scanner_shift_between_sites_is_real(site_cases):
         return float(c.image[z[back], y[back], x[back]].mean() / c.image[z[front], y[front], x[front]].mean())
 
     ratio = {s: np.mean([posterior_over_anterior(c) for c in cs]) for s, cs in site_cases.items()}
-    assert ratio["BIDMC"] > 1.25 * max(v for s, v in ratio.items() if s != "BIDMC")  # endorectal coil flare
+    erc = [s for s in TABLE_SITES if SCANNER_PROFILES[s].endorectal]
+    assert erc == ["BMC", "BIDMC", "HK"]
+    assert min(ratio[s] for s in erc) > 1.25 * max(v for s, v in ratio.items() if s not in erc)  # endorectal coil flare
 
     def noise_floor(site: str) -> float:  # Rician floor in air relative to a uniform tissue signal
         plan = plan_case(site, 0, 0, max_matrix=24)
@@ -494,9 +530,10 @@ def test_synthetic_anatomy_is_laid_out_like_a_pelvis(site_cases):
             assert np.all(area[lo : hi + 1] > 0)  # one gland, no gap
             img = c.image.astype(float)
             above = img[hi + 1 :]
-            assert above.max() > np.percentile(img[: lo + 1], 99.5) or s == "BIDMC"  # bladder (urine) above the gland
+            # bladder (urine) above the gland; with an endorectal coil its flare is the brightest
+            assert above.max() > np.percentile(img[: lo + 1], 99.5) or SCANNER_PROFILES[s].endorectal
             mid = (lo + hi) // 2
-            body = img[mid] > 0.15 * np.percentile(img, 99)
+            body = img[mid] > 0.05 * np.percentile(img, 99)  # above the air's noise (p99: the coil flare at ERC sites)
             assert body.mean() > 0.4  # the body fills much of the field of view
 
 
@@ -552,3 +589,138 @@ def test_command_line_synth_prepare_preview(tmp_path, capsys):
     assert cli.main(["prepare", "--raw", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("prrfl: error:") and str(tmp_path / "nowhere") in err
+
+
+# ---------------------------------------------------------------------------------------------- protocols, noise, artefacts
+
+
+def _scan(site: str, signal=0.0, *, matrix: int = 48, slices: int = 4, seed: int = 1, field_t=None, **changes) -> np.ndarray:
+    """Stored voxels of a uniform `signal` (0: air, noise only) through a site's scanner, with the
+    intensity scale fixed at 1000 and any profile field replaced by `changes`."""
+    prof = dataclasses.replace(SCANNER_PROFILES[site], intensity=(1000.0, 1000.0), **changes)
+    plan = plan_case(site, 0, 0, max_matrix=matrix)
+    grid = Grid.centred(plan.matrix, plan.fov, slices, plan.thickness, plan.centre)
+    anat = sample_anatomy(np.random.default_rng(0), 40.0, endorectal=prof.endorectal)
+    values = np.full(grid.shape, signal, np.float32) if np.isscalar(signal) else signal(grid)
+    return acquire(values, grid, anat, prof, np.random.default_rng(seed), field_t=field_t).astype(float)
+
+
+def _neighbour_correlation(image: np.ndarray) -> float:
+    """Correlation of each voxel with its in-plane neighbours (rows and columns)."""
+    x = image - image.mean()
+    return float(((x[:, :, 1:] * x[:, :, :-1]).mean() + (x[:, 1:, :] * x[:, :-1, :]).mean()) / 2 / x.var())
+
+
+def test_noise_is_spatially_correlated_like_a_reconstructed_image():
+    white = _neighbour_correlation(_scan("RUNMC", artefact="none", acquired=1.0, apodisation=0.0))
+    assert abs(white) < 0.05  # the full k-space, unfiltered: white noise
+    corr = {s: _neighbour_correlation(_scan(s, artefact="none")) for s in SITE_NAMES}
+    assert all(v > 0.15 for v in corr.values()), corr  # a partly measured, apodised k-space correlates neighbours
+    assert corr["BIDMC"] > corr["RUNMC"] + 0.1  # 512 interpolated from about 300 measured lines
+
+
+def test_lower_field_is_noisier_and_higher_field_shades_more():
+    def air(site, **kw):  # mean Rician (Rayleigh) floor in the air: proportional to the noise sigma
+        return float(_scan(site, artefact="none", coil_gain=0.0, **kw).mean())
+
+    assert air("UCL", field_t=1.5) > 1.5 * air("UCL", field_t=3.0)  # one site, both scanners
+    same = {s: air(s, noise=0.02, endorectal=False) for s in TABLE_SITES if s != "UCL"}  # equal settings
+    assert min(same["BMC"], same["HK"]) > 1.5 * max(same["RUNMC"], same["BIDMC"])  # 1.5 T sites vs 3 T sites
+    ucl = [plan_case("UCL", i, 0).field_t for i in range(13)]
+    assert set(ucl) == {1.5, 3.0}
+    grid = Grid.centred(64, 200.0, 2, 3.0, (0.0, 6.0, 0.0))
+    anat = sample_anatomy(np.random.default_rng(0), 40.0)
+    shade = {b: b1_shading(grid, anat, b, np.random.default_rng(2)) for b in (1.5, 3.0)}
+    assert shade[3.0].std() > 3 * shade[1.5].std() and shade[3.0].min() < 0.9  # dielectric shading at 3 T
+
+
+def test_endorectal_coil_flare_falls_off_from_the_coil():
+    def flare(site):
+        prof = SCANNER_PROFILES[site]
+        plan = plan_case(site, 0, 0, max_matrix=64)
+        grid = Grid.centred(plan.matrix, plan.fov, 3, plan.thickness, (0.0, plan.centre[1], 0.0))
+        anat = sample_anatomy(np.random.default_rng(0), 40.0, endorectal=prof.endorectal)
+        field = receive_field(grid, anat, prof, np.random.default_rng(0))[1]
+        rx, ry, rr, _ = anat.rectum
+        col = int(np.argmin(np.abs(grid.xs - rx)))
+        at = lambda y: float(field[int(np.argmin(np.abs(grid.ys - y))), col])  # noqa: E731
+        return at(ry - rr - 3) / at(ry - rr - 40)  # the rectal wall / 4 cm anterior to it (anterior gland)
+
+    ratios = {s: flare(s) for s in TABLE_SITES}
+    assert all(ratios[s] > 2.0 for s in ("BMC", "BIDMC", "HK")), ratios
+    assert all(ratios[s] < 1.3 for s in ("RUNMC", "UCL")), ratios
+
+
+def test_site_artefacts():
+    assert {s: p.artefact for s, p in SCANNER_PROFILES.items()} == {
+        "RUNMC": "wrap",
+        "BMC": "gibbs",
+        "UCL": "gfactor",
+        "BIDMC": "flare",
+        "HK": "ghost",
+        "I2CVB": "crosstalk",
+    }
+    # I2CVB: interleaved thin slices, every other one darker
+    cross = _scan("I2CVB", 0.5, slices=6, noise=0.0).mean(axis=(1, 2))
+    assert abs(cross[0::2].mean() / cross[1::2].mean() - 1) > 0.03
+    # BMC: hard k-space truncation rings at a sharp edge; the apodised default barely does
+    step = lambda g: np.broadcast_to(np.where(g.xs < g.xs.mean(), 0.8, 0.1).astype(np.float32), g.shape).copy()  # noqa: E731
+    ring = {a: _scan("BMC", step, matrix=96, noise=0.0, coil_gain=0.0, array_bias=0.0, apodisation=a)[1, 48] for a in (0.2, 0.8)}
+    overshoot = {a: r.max() / np.median(r[r > r.mean()]) for a, r in ring.items()}
+    assert overshoot[0.2] > 1.05 and overshoot[0.2] > overshoot[0.8] + 0.03
+
+    # HK: respiratory ghosts of the anterior abdominal wall along the phase-encode direction (rows)
+    def wall(g):
+        return np.broadcast_to(np.where(g.ys < g.ys[0] + 25, 0.8, 0.0).astype(np.float32)[:, None], g.shape).copy()
+
+    still = _scan("HK", wall, matrix=64, noise=0.0, coil_gain=0.0, artefact="none")
+    moving = _scan("HK", wall, matrix=64, noise=0.0, coil_gain=0.0)
+    below = slice(30, 56)  # rows posterior to the moving wall (clear of the periodic edge)
+    assert moving[:, below].mean() > 0.02 * moving.max() and still[:, below].mean() < 0.005 * still.max()
+
+
+def test_bladder_filling_and_rectal_content_vary_per_case():
+    anats = [sample_anatomy(np.random.default_rng(i), 40.0) for i in range(60)]
+    fill = np.array([a.bladder_filling for a in anats])
+    assert fill.min() < 0.2 and fill.max() > 0.8
+    dome = np.array([a.bladder[2] + a.bladder[5] - a.semi[2] for a in anats])  # how far above the base it reaches
+    front = np.array([-(a.bladder[1] - a.bladder[4]) for a in anats])  # how far anteriorly
+    assert np.corrcoef(fill, dome)[0, 1] > 0.8 and np.corrcoef(fill, front)[0, 1] > 0.8
+    wall = np.array([a.bladder_wall for a in anats])
+    assert wall[fill < 0.3].mean() > wall[fill > 0.7].mean() + 1.0  # an empty bladder's wall is thicker
+    contents = [a.rectal_content for a in anats]
+    assert set(contents) == {"collapsed", "air", "mixed", "fluid", "stool"}
+    radius = {k: np.mean([a.rectum[2] for a in anats if a.rectal_content == k]) for k in set(contents)}
+    assert radius["collapsed"] < min(radius["air"], radius["stool"])
+    coil = [sample_anatomy(np.random.default_rng(i), 40.0, endorectal=True) for i in range(5)]
+    assert {a.rectal_content for a in coil} == {"balloon"} and min(a.rectum[2] for a in coil) > max(radius.values())
+
+
+def test_gland_edge_softens_towards_apex_and_base_and_with_thick_slices():
+    anats = [sample_anatomy(np.random.default_rng(i), 40.0) for i in range(20)]
+    assert np.ptp([a.capsule for a in anats]) > 0.5 and np.ptp([a.capsule_mm for a in anats]) > 0.4  # per-case conspicuity
+
+    def partial(an, thickness):  # voxels partly inside the gland over voxels inside, per slice
+        c = an.semi[2]
+        zs = np.arange(-c, c + 1e-6, thickness)
+        xs = np.arange(-40.0, 40.0, 0.5)
+        occ, mask = gland_occupancy(an, Grid(xs, xs, zs))
+        soft = ((occ > 0) & (occ < 1)).sum(axis=(1, 2)) / np.maximum(mask.sum(axis=(1, 2)), 1)
+        t = np.abs(zs) / c
+        return soft[(t < 0.3)].mean(), soft[(t > 0.6) & (mask.sum(axis=(1, 2)) > 0)].mean()
+
+    an = anats[0]
+    mid, ends = partial(an, 3.6)
+    assert ends > 3 * mid and ends > 0.2  # apex and base: a wide partial-volume band
+    assert partial(an, 1.25)[1] < 0.6 * ends  # thin slices: less
+
+
+def test_level_montage_shows_every_site(synth, tmp_path):
+    pytest.importorskip("matplotlib")
+    from prrfl.data.prostate.preview import write_level_montage
+
+    raw, _ = synth
+    path = write_level_montage(raw, tmp_path / "mid.png", sites=["BMC", "HK"], cases=2, level="mid-gland", outline=True)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="level"):
+        write_level_montage(raw, tmp_path / "x.png", level="prostate")

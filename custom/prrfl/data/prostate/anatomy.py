@@ -22,16 +22,20 @@ What is painted, back to front:
 * periprostatic fat with the bright venous plexus (anterior, lateral) and the neurovascular
   bundles (posterolateral);
 * the rectum: dark muscular wall, brighter mucosa, lumen collapsed, with gas (black), fluid, an
-  air-fluid level, or an endorectal coil's balloon (dark, large, flattening the gland);
-* the seminal vesicles (bright, lobulated) and the bladder (urine: the brightest signal, thin dark
-  wall) above the gland;
+  air-fluid level, stool (mottled, with gas bubbles), or an endorectal coil's balloon (dark,
+  large, flattening the gland); its size follows its content;
+* the seminal vesicles (bright, lobulated) and the bladder (urine: the brightest signal, dark
+  wall) above the gland; its filling (empty .. full) sets how far it reaches cranially and
+  anteriorly and how thick its wall is;
 * the gland: a deformed ellipsoid (random smooth harmonics of the outline that drift along z;
   largest just above mid-gland, narrowing to the base and more to the apex; apex tilted
   anteriorly; posterior surface flattened by the rectum) with a bright peripheral zone
   (posterior crescent), a darker heterogeneous transition zone anteriorly (size = degree of
   hyperplasia; nodules of mixed signal with dark rims; a dark surgical capsule), a darker central
   zone at the base, the dark anterior fibromuscular stroma, the urethra with its sphincter at the
-  apex, sometimes a dark peripheral-zone focus, and a thin dark capsule.
+  apex, sometimes a dark peripheral-zone focus, and a thin capsule whose conspicuity varies per
+  case and fades towards apex and base; the gland's signal is weighted by the share of the slice's
+  thickness inside it (through-plane partial volume: soft edges at apex and base, thick slices).
 Tissue values are jittered per case and modulated by smooth random textures (coarse and fine).
 """
 
@@ -71,6 +75,13 @@ TISSUE: dict[str, float] = {
     "slow_vein": 0.25,
     "symphysis": 0.22,
     "bulb": 0.70,
+}
+RECTAL_RADIUS = {  # outer radius (mm) of the rectum by its content: distended by gas, fluid or stool
+    "collapsed": (11.0, 14.0),
+    "air": (15.0, 20.0),
+    "mixed": (14.0, 19.0),
+    "fluid": (14.0, 18.0),
+    "stool": (15.0, 20.0),
 }
 FLUIDS = ("urine", "rectal_fluid", "sv", "vein", "bulb")
 WARP_MAX_MM = 8.0  # largest displacement of the smooth deformation applied to the whole anatomy
@@ -134,11 +145,15 @@ class Anatomy:
     wall: tuple[float, float, float, float]  # pelvic side wall: centre y, inner semi-axes x and y, phase
     rectum: tuple[float, float, float, float]  # centre x, centre y, outer radius (y), x/y ratio
     rectal_wall: float
-    rectal_content: str  # air, fluid, mixed, collapsed, balloon
+    rectal_content: str  # collapsed, air, mixed, fluid, stool, balloon (endorectal coil)
     femoral: tuple[float, float, float, float]  # centre |x|, y, z, radius of the femoral heads
     pubis_y: float  # posterior surface of the symphysis
     bladder: tuple[float, float, float, float, float, float]  # centre x, y, z, semi-axes x, y, z
     bladder_wall: float
+    bladder_filling: float  # 0 empty .. 1 full
+    capsule: float  # conspicuity of the gland's capsule at mid-gland, 0 (invisible) .. 1 (a clear dark rim)
+    capsule_mm: float  # its width
+    peri_fat: float  # extent of the periprostatic fat, in gland radii
     values: dict[str, float]  # per-case tissue values
 
     @property
@@ -203,8 +218,8 @@ def sample_anatomy(rng: np.random.Generator, gland_volume_ml: float, *, endorect
     if endorectal:
         rr, content = _uniform(rng, 21.0, 26.0), "balloon"
     else:
-        rr = _uniform(rng, 13.0, 18.0)
-        content = str(rng.choice(["collapsed", "air", "mixed", "fluid"], p=[0.4, 0.2, 0.2, 0.2]))
+        content = str(rng.choice(list(RECTAL_RADIUS), p=[0.35, 0.15, 0.15, 0.15, 0.2]))
+        rr = _uniform(rng, *RECTAL_RADIUS[content])
     rect_y = b * (1 - flatten) + rr + _uniform(rng, 1.0, 3.0)
     ratio = _uniform(rng, 1.15, 1.3) if endorectal else _uniform(rng, 1.05, 1.25)
     rect = (float(rng.normal(0, 2.0)), rect_y, rr, ratio)
@@ -222,8 +237,12 @@ def sample_anatomy(rng: np.random.Generator, gland_volume_ml: float, *, endorect
     fem_r = _uniform(rng, 21.0, 25.0) * p
     fx = max(_uniform(rng, 92.0, 102.0) * p, wall[1] + 26.0 * p + fem_r)
     femoral = (fx, wall_y - 6.0 * p, 0.3 * c + _uniform(rng, 6.0, 16.0), fem_r)
-    by, bsz = -0.4 * b - 4.0, _uniform(rng, 28.0, 42.0)  # the bladder floor rests on the base
-    bladder = (float(rng.normal(0, 3)), by, 0.72 * c + bsz, _uniform(rng, 40.0, 56.0), _uniform(rng, 30.0, 42.0), bsz)
+    # the bladder floor rests on the base; filling (empty .. full) sets how far it reaches cranially and
+    # anteriorly, and thins its wall
+    fill = float(rng.beta(1.4, 1.4))
+    by, bsz = -0.4 * b - 4.0 - 14.0 * fill, (12.0 + 34.0 * fill) * _uniform(rng, 0.9, 1.1)
+    bx, bw = float(rng.normal(0, 3)), (26.0 + 32.0 * fill) * _uniform(rng, 0.9, 1.1)
+    bladder = (bx, by, 0.72 * c + bsz, bw, (15.0 + 28.0 * fill) * _uniform(rng, 0.9, 1.1), bsz)
     values = {k: v * float(rng.normal(1.0, 0.04)) for k, v in TISSUE.items()}
     values["pz"] = _uniform(rng, 0.5, 0.64)
     values["tz"] = _uniform(rng, 0.28, 0.38)
@@ -249,7 +268,11 @@ def sample_anatomy(rng: np.random.Generator, gland_volume_ml: float, *, endorect
         femoral=femoral,
         pubis_y=pubis_y,
         bladder=bladder,
-        bladder_wall=_uniform(rng, 2.5, 4.0),
+        bladder_wall=(2.0 + 3.0 * (1 - fill)) * _uniform(rng, 0.85, 1.15),
+        bladder_filling=fill,
+        capsule=float(rng.uniform(0.15, 1.0)),
+        capsule_mm=_uniform(rng, 0.7, 1.5),
+        peri_fat=_uniform(rng, 1.15, 1.6),
         values=values,
     )
 
@@ -394,6 +417,30 @@ def _thin_line(grid: Grid) -> tuple[float, float]:
     return max(1.0, dx / 0.6), min(1.0, 0.6 / dx)
 
 
+def body_outline(an: Anatomy, X: np.ndarray, Y: np.ndarray, Z: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """(normalised radius, < 1 inside the skin; angle) of the body outline at (X, Y, Z) mm."""
+    yc, ba, bb, expo, _ = an.body
+    dx, dy = X, Y - yc
+    theta = np.arctan2(dy / bb, dx / ba)
+    wobble = 1 + sum(h[1] * np.cos(h[0] * theta + h[2]) for h in an.body_harmonics)
+    width = ba * (0.9 + 0.1 * _ramp(dy, -bb, 0.3 * bb)) * (1 + 0.0015 * Z)  # narrower anteriorly
+    rho = ((np.abs(dx) / width) ** expo + (np.abs(dy) / bb) ** expo) ** (1 / expo) / wobble
+    return rho, theta
+
+
+def body_wall_signal(an: Anatomy, X: np.ndarray, Y: np.ndarray, Z: np.ndarray | float) -> np.ndarray:
+    """A coarse T2 signal of the body wall at (X, Y, Z) mm: skin, subcutaneous fat, then muscle, 0 outside.
+
+    Used for what lies outside a slice's field of view (wrap-around), where the full render is not run.
+    """
+    rho, theta = body_outline(an, X, Y, Z)
+    bb = an.body[2]
+    fat_t = an.fat * (1 + 0.3 * np.cos(2 * theta + an.body_harmonics[0, 2]))
+    out = np.where(rho < 1 - fat_t / bb, an.values["muscle"], an.values["fat"])
+    out = np.where(rho > 1 - 1.8 / bb, an.values["skin"], out)
+    return np.where(rho < 1, out, 0.0).astype(np.float32)
+
+
 def _body(cv: _Canvas, an: Anatomy, val: dict[str, float], septa: np.ndarray) -> np.ndarray:
     """Paint the body, skin, subcutaneous fat (with fibrous septa and small vessels: the zero lines of
     a smooth random field) and cleft; returns the deep (sub-fascial) region [Z,H,W]."""
@@ -402,11 +449,7 @@ def _body(cv: _Canvas, an: Anatomy, val: dict[str, float], septa: np.ndarray) ->
     reg = cv.region(-ba - 5, ba + 5, yc - bb - 5, yc + bb + 5)
     if reg is None:
         return deep
-    dx, dy = reg.X, reg.Y - yc
-    theta = np.arctan2(dy / bb, dx / ba)
-    wobble = 1 + sum(h[1] * np.cos(h[0] * theta + h[2]) for h in an.body_harmonics)
-    width = ba * (0.9 + 0.1 * _ramp(dy, -bb, 0.3 * bb)) * (1 + 0.0015 * reg.Z)  # narrower anteriorly
-    rho = ((np.abs(dx) / width) ** expo + (np.abs(dy) / bb) ** expo) ** (1 / expo) / wobble
+    rho, theta = body_outline(an, reg.X, reg.Y, reg.Z)
     cv.paint(reg, rho < 1, val["fat"], 0.025, 0.03)
     patchy = cv.tex_coarse[reg.sl] > 0.0
     width, contrast = _thin_line(cv.grid)
@@ -616,6 +659,30 @@ def _gland_radius(an: Anatomy, t: np.ndarray, u: np.ndarray, v: np.ndarray, A: n
     return np.sqrt((u / A) ** 2 + (v / B) ** 2) / outline
 
 
+def _occupancy(an: Anatomy, t: np.ndarray, radius: np.ndarray, thickness: float) -> np.ndarray:
+    """Through-plane partial volume: the share of each voxel's slice thickness (a flat slice profile,
+    sampled at its centre and a third of the thickness above and below) inside the gland; where the
+    outline changes fast along z (apex, base) the edge becomes a soft ramp, at mid-gland it stays
+    sharp. `radius`: the voxel's radius relative to the gland's largest outline (inside at height t
+    where radius < gland_profile(t); the outline's slow drift over a third of a slice is neglected)."""
+    out = np.zeros(np.broadcast_shapes(t.shape, radius.shape), np.float32)
+    for f in (-1 / 3, 0.0, 1 / 3):
+        tf = t + f * thickness / an.semi[2]
+        out += (radius < gland_profile(tf)) & (np.abs(tf) < 1)
+    return out / 3
+
+
+def gland_occupancy(an: Anatomy, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """(partial-volume occupancy [Z,H,W] in 0..1, gland mask at the slices' centres [Z,H,W]) of the
+    undeformed gland on `grid` (the render adds the smooth deformation)."""
+    X = grid.xs.astype(np.float32)[None, None, :] + np.zeros((1, len(grid.ys), 1), np.float32)
+    Y = grid.ys.astype(np.float32)[None, :, None] + np.zeros((1, 1, len(grid.xs)), np.float32)
+    reg = _Region((slice(None),) * 3, X, Y, grid.zs.astype(np.float32)[:, None, None])
+    t, u, v, _, _ = _gland_frame(reg, an)
+    radius = _gland_radius(an, t, u, v, an.semi[0], an.semi[1])
+    return _occupancy(an, t, radius, grid.spacing[2]), (radius < gland_profile(t)) & (np.abs(t) < 1)
+
+
 def _periprostatic(cv: _Canvas, an: Anatomy, val: dict[str, float]) -> None:
     a, b, c = an.semi
     reg = cv.region(-1.6 * a - 5, 1.6 * a + 5, -1.6 * b - 8, 1.6 * b, -1.05 * c, 1.05 * c)
@@ -623,7 +690,7 @@ def _periprostatic(cv: _Canvas, an: Anatomy, val: dict[str, float]) -> None:
         return
     t, u, v, A, B = _gland_frame(reg, an)
     rho = _gland_radius(an, t, u, v, A, B)
-    cv.paint(reg, (rho < 1.45) & (np.abs(t) < 1) & (v < 0.8 * B), val["fat"], 0.03, 0.04)
+    cv.paint(reg, (rho < an.peri_fat) & (np.abs(t) < 1) & (v < 0.8 * B), val["fat"], 0.03, 0.04)
     for x, y, z, rad, length in an.plexus:
         rv = cv.around(x, y, rad + 1, z - length, z + length)
         if rv is not None:
@@ -675,6 +742,10 @@ def _rectum(cv: _Canvas, an: Anatomy, val: dict[str, float]) -> None:
         cv.paint(reg, lumen & (folded < 0.8 * inner), 0.0, 0.0, 0.0)
     elif content == "fluid":
         cv.paint(reg, lumen & (folded < 0.85 * inner), val["rectal_fluid"], 0.05, 0.1)
+    elif content == "stool":  # faeces: mottled intermediate signal with small gas bubbles
+        inside = lumen & (folded < 0.85 * inner)
+        cv.paint(reg, inside, val["mucosa"] * 1.1, 0.25, 0.45)
+        cv.paint(reg, inside & (cv.tex_fine[reg.sl] > 1.1), 0.0, 0.0, 0.0)
     else:  # mixed: gas rises anteriorly (the patient lies supine), fluid level behind it
         level = reg.Y < cy - 0.05 * rad
         cv.paint(reg, lumen & (folded < 0.85 * inner) & level, 0.0, 0.0, 0.0)
@@ -708,7 +779,10 @@ def _bladder(cv: _Canvas, an: Anatomy, val: dict[str, float]) -> None:
     present = k > 0.08
     r, du, dv = _ellipse(reg, bx, by, sx * k + 1e-3, sy * k + 1e-3)
     theta = np.arctan2(dv, du)
-    r = r / (1 + 0.03 * np.cos(3 * theta + 0.4) - 0.08 * np.maximum(np.sin(theta), 0) ** 2)
+    empty = 1.0 - an.bladder_filling  # an emptier bladder is flatter and folded
+    r = r / (
+        1 + 0.03 * np.cos(3 * theta + 0.4) - (0.08 + 0.1 * empty) * np.maximum(np.sin(theta), 0) ** 2 + 0.05 * empty * np.cos(6 * theta)
+    )
     cv.paint(reg, present & (r < 1), val["bladder_wall"], 0.03, 0.06)
     cv.paint(reg, present & (r < 1 - an.bladder_wall / (sy * k + 1e-3)), val["urine"], 0.012, 0.01)
 
@@ -717,14 +791,27 @@ def _gland(cv: _Canvas, an: Anatomy, val: dict[str, float]) -> np.ndarray:
     a, b, c = an.semi
     mask = np.zeros(cv.grid.shape, bool)
     pad = 1.5 * max(a, b) + 4
-    reg = cv.region(-pad, pad, -pad, pad, -c, c)
+    half = 0.5 * cv.grid.spacing[2]
+    reg = cv.region(-pad, pad, -pad, pad, -c - half, c + half)
     if reg is None:
         return mask
     t, u, v, A, B = _gland_frame(reg, an)
     inside_t = np.abs(t) < 1
-    rho = _gland_radius(an, t, u, v, A, B)
+    radius = _gland_radius(an, t, u, v, a, b)  # relative to the largest outline: scale-free
+    rho = radius * (a / A)  # relative to the outline at this height
     gland = (rho < 1) & inside_t
-    cv.paint(reg, (rho < 1 + 1.1 / B) & inside_t, val["capsule"], 0.0, 0.05)
+    occupancy = _occupancy(an, t, radius, cv.grid.spacing[2])
+    touched = occupancy > 0
+    # the capsule: a dark rim whose conspicuity varies per case, fades towards apex and base, and is
+    # clearest posterolaterally (against fat), least anteriorly (fused with the stroma)
+    rim = (rho < 1 + an.capsule_mm / B) & inside_t & ~gland
+    theta = np.arctan2(v / B, u / A)
+    level = 1.0 - 0.8 * _ramp(np.abs(t), 0.4, 0.95)
+    k = np.clip(an.capsule * level * (0.75 + 0.25 * np.sin(theta)), 0.0, 1.0)
+    around = cv.value[reg.sl]
+    cv.paint(reg, rim, around + (val["capsule"] - around) * k, 0.0, 0.05)
+    before = cv.value[reg.sl].copy()
+    gland = touched  # painted wherever the slice touches the gland, then weighted by the occupancy
     # peripheral zone; darker central zone at the base (posterior, central)
     cz = 0.4 * _ramp(t, 0.3, 1.0) * np.exp(-2.5 * (u / A) ** 2)
     cv.paint(reg, gland, val["pz"] * (1 - cz), 0.07, 0.08)
@@ -757,5 +844,7 @@ def _gland(cv: _Canvas, an: Anatomy, val: dict[str, float]) -> np.ndarray:
     ur = np.sqrt(u**2 + (v + 0.12 * B) ** 2)
     cv.paint(reg, gland & (t < -0.35) & (ur < 4.2), val["afs"], 0.03, 0.06)
     cv.paint(reg, gland & (t < 0.85) & (ur < 1.8), val["urethra"], 0.03, 0.06)
-    mask[reg.sl] = gland
+    after = cv.value[reg.sl]
+    cv.value[reg.sl] = before + (after - before) * occupancy
+    mask[reg.sl] = (rho < 1) & inside_t  # the outline at the slice's centre, as drawn on the slice
     return mask

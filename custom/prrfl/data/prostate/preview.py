@@ -98,3 +98,51 @@ def write_previews(
         fig.savefig(buf, format="png", dpi=110, facecolor="black")
         written.append(atomic_write_bytes(out_dir / f"{site_name}.png", buf.getvalue()))
     return written
+
+
+def write_level_montage(
+    raw_root: str | Path,
+    out_path: str | Path,
+    *,
+    sites: Sequence[str] | None = None,
+    cases: int = 2,
+    level: str = "mid-gland",
+    outline: bool = False,
+) -> Path:
+    """One PNG with one slice at `level` (one of LEVELS) of the first `cases` cases of every site, a
+    row per site, large enough to judge the image as a radiologist would; the mask outlined if `outline`."""
+    from matplotlib.figure import Figure
+
+    if level not in LEVELS or cases < 1:
+        raise ValueError(f"level must be one of {LEVELS} and cases >= 1, got {level!r} and {cases}")
+    if sites is None:
+        sites = present_sites(raw_root)
+        if not sites:
+            raise ProstateDataError(f"no site folder under {raw_root}; expected some of {', '.join(SITES)}")
+    listing = list_sites(raw_root, sites)
+    fig = Figure(figsize=(4.2 * cases, 4.4 * len(listing)), facecolor="black")
+    grid = fig.subplots(len(listing), cases, squeeze=False)
+    for row, (site_name, files) in zip(grid, listing.items(), strict=True):
+        for ax, f in zip(row, [*files[:cases], *[None] * cases], strict=False):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if f is None:
+                continue
+            case = load_case(f)
+            image, mask = to_display(case.image), to_display(case.mask)
+            k = preview_slices(mask)[LEVELS.index(level)]
+            lo, hi = np.percentile(image, [0.5, 99.5])
+            dx, dy, dz = case.spacing
+            extent = (0, image.shape[2] * dx, image.shape[1] * dy, 0)
+            ax.imshow(image[k], cmap="gray", vmin=lo, vmax=hi, extent=extent, interpolation="bilinear")
+            if outline and mask[k].any():
+                ax.contour(mask[k], levels=[0.5], colors=["#ff3b30"], linewidths=0.7, extent=extent, origin="upper")
+            ax.set_title(
+                f"{site_name} {case.case_id} {level}: {dx:.2f} x {dz:.2f} mm, FOV {image.shape[2] * dx:.0f} mm",
+                fontsize=8,
+                color="w",
+            )
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, facecolor="black")
+    return atomic_write_bytes(Path(out_path), buf.getvalue())

@@ -4,11 +4,11 @@ Output (under `raw_root`): one folder per site with `CaseNN.nii.gz` (int16 T2 vo
 encoding the voxel spacing, stored in the site's voxel order) and its mask (uint8 0/1) named with
 the site's tag (`CaseNN_Segmentation.nii.gz` at RUNMC and BMC, `CaseNN_segmentation.nii.gz`
 elsewhere, as both spellings occur in the public set), and synthetic.json (seed, scale, counts,
-geometry of every case, generator version). Everything is written into a hidden temporary folder
+each site's protocol, geometry and protocol of every case, generator version). Everything is written into a hidden temporary folder
 renamed to `raw_root` only when complete.
 
-Per case: the geometry (field of view, matrix, slice thickness and count) is drawn from the site's
-ScannerProfile; the gland volume is then chosen so that the case's prostate voxel share follows
+Per case: the protocol (field strength, endorectal coil, matrix and pixel size so the field of
+view, slice thickness and count) is drawn from the site's ScannerProfile (MS-Net's Table I); the gland volume is then chosen so that the case's prostate voxel share follows
 the site's Table I V_P (jittered by about 18 %); the anatomy (anatomy.py) is drawn and rendered,
 and the site's scanner (scanner.py) acquires it. Each case has its own seed derived from (seed,
 site, case), so a case does not change when the scale, the matrix or the other sites change.
@@ -35,7 +35,7 @@ from .scanner import SCANNER_PROFILES, ScannerProfile, acquire
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"  # 2: Table I protocols (field strength, endorectal coil, pixel, slices), k-space noise, artefacts
 MIN_CASES = 3  # one case per split of a 7:1:2 split
 GLAND_VOLUME_ML = (18.0, 110.0)  # clip of the drawn gland volume
 
@@ -55,16 +55,39 @@ class CasePlan:
     index: int
     case_id: str
     seed: int
-    matrix: int
-    fov: float  # mm, square
+    matrix: int  # in-plane matrix as generated (the protocol's, times matrix_scale, capped)
+    native_matrix: int  # the protocol's reconstructed matrix
+    fov: float  # mm, square: native_matrix x the protocol's pixel size
     thickness: float  # mm
     slices: int
     centre: tuple[float, float, float]  # mm, the volume's centre relative to the gland's
     gland_volume_ml: float
+    field_t: float  # field strength, tesla
+    endorectal: bool  # endorectal coil (balloon and flare)
 
     @property
     def spacing(self) -> tuple[float, float, float]:
         return self.fov / self.matrix, self.fov / self.matrix, self.thickness
+
+    @property
+    def native_pixel(self) -> float:
+        """The protocol's in-plane pixel size, mm (the stored one when the matrix is not scaled)."""
+        return self.fov / self.native_matrix
+
+
+def protocol_summary(profile: ScannerProfile) -> dict:
+    """A site's acquisition protocol as written to synthetic.json (full-size geometry)."""
+    return {
+        "vendor": profile.vendor,
+        "field_t": list(profile.field_t),
+        "endorectal": profile.endorectal,
+        "matrix": list(profile.matrices),
+        "pixel_mm": [round(v, 4) for v in profile.pixel],
+        "fov_mm": [round(v, 1) for v in profile.fov],
+        "thickness_mm": list(profile.thickness),
+        "phase_encoding": profile.phase_axis,
+        "artefact": profile.artefact,
+    }
 
 
 def _case_seed(seed: int, site_name: str, index: int) -> np.random.SeedSequence:
@@ -76,13 +99,15 @@ def plan_case(site_name: str, index: int, seed: int, *, matrix_scale: float = 1.
     profile = SCANNER_PROFILES[site(site_name).name]
     geo_ss, anat_ss, _, _ = _case_seed(seed, site_name, index).spawn(4)
     rng = np.random.default_rng(geo_ss)
-    native = int(rng.choice(profile.matrix))
-    fov = float(rng.uniform(*profile.fov))
+    native, pixel_lo, pixel_hi = profile.protocols[int(rng.integers(len(profile.protocols)))]
+    pixel = round(float(rng.uniform(pixel_lo, pixel_hi)), 4)
+    fov = native * pixel
     thickness = round(float(rng.uniform(*profile.thickness)), 2)
     slices = int(rng.integers(profile.slices[0], profile.slices[1] + 1))
+    field_t = float(profile.field_t[int(rng.integers(len(profile.field_t)))])
     share = profile.prostate_share * float(np.exp(rng.normal(0.0, 0.18)))
     volume = float(np.clip(share * fov * fov * slices * thickness / 1000.0, *GLAND_VOLUME_ML))
-    anat = sample_anatomy(np.random.default_rng(anat_ss), volume, endorectal=profile.coil_gain > 0)
+    anat = sample_anatomy(np.random.default_rng(anat_ss), volume, endorectal=profile.endorectal)
     c = anat.semi[2]
     needed = 2 * (c + thickness) + 6
     if slices * thickness < needed:  # the whole gland must be covered
@@ -95,7 +120,21 @@ def plan_case(site_name: str, index: int, seed: int, *, matrix_scale: float = 1.
     if max_matrix is not None:
         matrix = min(matrix, int(max_matrix))
     case_id = f"Case{index:02d}"
-    return CasePlan(site_name, int(index), case_id, int(seed), matrix, fov, thickness, slices, centre, volume)
+    return CasePlan(
+        site_name,
+        int(index),
+        case_id,
+        int(seed),
+        matrix,
+        int(native),
+        fov,
+        thickness,
+        slices,
+        centre,
+        volume,
+        field_t,
+        bool(profile.endorectal),
+    )
 
 
 @dataclass(frozen=True)
@@ -113,10 +152,10 @@ def synthesize_case(plan: CasePlan) -> SynthCase:
     """Render and acquire one planned case (deterministic in the plan)."""
     profile = SCANNER_PROFILES[plan.site]
     _, anat_ss, tex_ss, scan_ss = _case_seed(plan.seed, plan.site, plan.index).spawn(4)
-    anat = sample_anatomy(np.random.default_rng(anat_ss), plan.gland_volume_ml, endorectal=profile.coil_gain > 0)
+    anat = sample_anatomy(np.random.default_rng(anat_ss), plan.gland_volume_ml, endorectal=plan.endorectal)
     grid = Grid.centred(plan.matrix, plan.fov, plan.slices, plan.thickness, plan.centre)
     signal, mask = render(anat, grid, np.random.default_rng(tex_ss), fat_gain=profile.fat_gain, fluid_gain=profile.fluid_gain)
-    image = acquire(signal, grid, anat, profile, np.random.default_rng(scan_ss))
+    image = acquire(signal, grid, anat, profile, np.random.default_rng(scan_ss), field_t=plan.field_t)
     return SynthCase(plan, image, mask.astype(np.uint8), grid, anat)
 
 
@@ -165,6 +204,11 @@ def _write_planned(task: tuple[str, int, int, float, int | None, str]) -> dict:
     write_case(Path(folder), case, SCANNER_PROFILES[site_name])
     row = {k: v for k, v in asdict(plan).items() if k not in ("site", "seed", "index")}
     row["spacing"] = [round(v, 4) for v in plan.spacing]
+    row["native_pixel"] = round(plan.native_pixel, 4)
+    profile = SCANNER_PROFILES[site_name]
+    row["vendor"], row["artefact"] = profile.vendor, profile.artefact
+    row["bladder_filling"] = round(case.anatomy.bladder_filling, 3)
+    row["rectal_content"] = case.anatomy.rectal_content
     row["prostate_share"] = round(float(case.mask.mean()), 5)
     return row
 
@@ -200,8 +244,8 @@ def generate_synthetic_prostate(
     """Write the synthetic raw layout to `raw_root` and return the content of its synthetic.json.
 
     Cases per site follow Table I times `scale` (at least `min_cases`); the in-plane matrix is the
-    site's (384-512 px) times `matrix_scale`, capped at `max_matrix` (the field of view stays, so
-    the pixels grow). Deterministic in `seed`: the same arguments write the same bytes, whatever
+    site protocol's (256-512 px) times `matrix_scale`, capped at `max_matrix` (the field of view
+    stays, so the pixels grow). Deterministic in `seed`: the same arguments write the same bytes, whatever
     `workers` (> 1: cases rendered in spawned processes, for full-size sets; the calling program's
     main module must then be importable and guarded by `if __name__ == "__main__"`).
     """
@@ -239,6 +283,7 @@ def generate_synthetic_prostate(
             "counts": counts,
             "mask_tags": {s: SCANNER_PROFILES[s].mask_tag for s in names},
             "orientations": {s: SCANNER_PROFILES[s].orientation for s in names},
+            "protocols": {s: protocol_summary(SCANNER_PROFILES[s]) for s in names},
             "cases": cases,
         }
         (tmp / SYNTHETIC_MARKER).write_text(json.dumps(info, indent=2) + "\n")
