@@ -724,3 +724,14 @@ def test_level_montage_shows_every_site(synth, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="level"):
         write_level_montage(raw, tmp_path / "x.png", level="prostate")
+
+
+def test_the_site_table_and_the_scanner_profiles_agree_on_the_endorectal_coil():
+    from prrfl.data.prostate.layout import SITES
+    from prrfl.data.prostate.scanner import SCANNER_PROFILES
+
+    assert (
+        {n for n, s in SITES.items() if s.endorectal_coil}
+        == {n for n, p in SCANNER_PROFILES.items() if p.endorectal}
+        == {"BMC", "BIDMC", "HK"}
+    )

@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="folder to create (must not exist unless --overwrite)")
     s.add_argument("--scale", type=float, default=1.0, help="fraction of the Table I case counts (1.0 = Table I)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--matrix", type=int, default=None, help="largest in-plane matrix (px); default: the site's 384-512")
+    s.add_argument("--matrix", type=int, default=None, help="largest in-plane matrix (px); default: the site's protocol, 256-512")
     s.add_argument("--matrix-scale", type=float, default=1.0, help="factor on each site's in-plane matrix")
     s.add_argument("--sites", nargs="+", default=list(TABLE_SITES), choices=SITE_NAMES)
     s.add_argument("--workers", type=int, default=1, help="processes rendering cases (full-size sets)")

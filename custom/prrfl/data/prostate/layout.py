@@ -33,10 +33,10 @@ SITES: dict[str, ProstateSite] = {
     s.name: s
     for s in (
         ProstateSite("RUNMC", "A", 30, "Siemens", 0.0265),
-        ProstateSite("BMC", "B", 30, "Philips", 0.0176),
+        ProstateSite("BMC", "B", 30, "Philips", 0.0176, endorectal_coil=True),
         ProstateSite("UCL", "C", 13, "Siemens", 0.0145),
         ProstateSite("BIDMC", "D", 12, "GE", 0.0216, endorectal_coil=True),
-        ProstateSite("HK", "E", 12, "Siemens", 0.0139),
+        ProstateSite("HK", "E", 12, "Siemens", 0.0139, endorectal_coil=True),
         ProstateSite("I2CVB", "", 19, "Siemens", None, in_table=False),
     )
 }
