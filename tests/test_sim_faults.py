@@ -98,7 +98,8 @@ def test_a_site_killed_in_the_first_round_is_left_out_and_the_job_ends_with_it_m
         out,
     )
     assert deadline, out[-3000:]
-    assert int(deadline[1]) == round(max(60.0, 5 * float(deadline[2]))) and int(deadline[1]) < 7200  # not prepare's 2 h
+    # the rule, from the printed figures: the estimate is shown to 0.1 s (x 5: +-0.25 s), the deadline to 1 s (+-0.5 s)
+    assert abs(int(deadline[1]) - max(60.0, 5 * float(deadline[2]))) <= 0.75 and int(deadline[1]) < 7200  # not prepare's 2 h
     assert "round 0: no result from site-3: its simulator process ended without an answer (killed or crashed)" in out
     assert "round 1: no result from site-3: silent since round 0, not waited for beyond the others" in out
     state = load(state_root / "server/derm_prr/server_state.pt")
