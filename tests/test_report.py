@@ -232,7 +232,10 @@ class FakeSimulator:
         self.configs.append(cfg)
         if self.fail:
             return 1
-        write_run(Path(command[command.index("-w") + 1]), cfg["method"], cfg["seed"], run_name=cfg["run_name"])
+        ws = Path(command[command.index("-w") + 1])
+        write_run(ws, cfg["method"], cfg["seed"], run_name=cfg["run_name"])
+        for path in ws.glob("site-*/prrfl/*/results.json"):  # as the sites write it
+            path.write_text(json.dumps({**json.loads(path.read_text()), "method_args": cfg["method_args"]}))
         return 0
 
 
@@ -268,6 +271,13 @@ def test_sweep_skips_runs_that_finished_with_the_same_config_and_reruns_a_change
     with pytest.raises(SweepError):
         sweep(["prr"], [1], tmp_path, sites=4, overrides=["num_rounds=3", "lr=0.5"], runner=failing)
     assert not (tmp_path / "prr_s1.done.json").exists()  # a run that failed is not marked done
+
+
+def test_an_ablation_sweep_reports_its_runs_under_the_options_it_set(tmp_path):
+    fake = FakeSimulator()
+    report = sweep(["prr"], [0], tmp_path, sites=4, overrides=[f"num_rounds={ROUNDS}", "method_args.det_enabled=false"], runner=fake)
+    assert fake.configs[0]["method_args"] == {"det_enabled": False}
+    assert "| prr[det_enabled=false] | 1 |" in report.read_text()
 
 
 def test_profiles_set_every_job_of_a_task_and_set_overrides_apply_on_top(tmp_path):
@@ -359,3 +369,19 @@ def test_minority_recall_names_the_most_imbalanced_site_and_averages_each_sites_
     assert lines[3].startswith("| fedavg | 1 | 0.00") and "15.00" in lines[3]
     assert "Site A is the most imbalanced (90 nv, 9 bkl, 1 mel training images)" in table
     assert minority_recall_table([site("prr", 0, "A", [90, 9, 1], [])], ["prr"], ("nv", "bkl", "mel")) is None  # no recall kept
+
+
+def test_a_run_with_options_set_is_reported_apart_under_its_options(workspaces, tmp_path):
+    from prrfl.report import variant_label
+
+    assert variant_label("prr", {}) == "prr"
+    assert variant_label("prr", {"det_enabled": False, "cpa_global": False}) == "prr[cpa_global=false,det_enabled=false]"
+    ablation = tmp_path / "ablation_s0"
+    write_run(ablation, "prr", 0, run_name="derm_prr_s0", run_id="nodet0")
+    for path in ablation.glob("site-*/prrfl/*/results.json"):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "method_args": {"det_enabled": False}}))
+    report = build_report([*workspaces, ablation], tmp_path / "out", methods=["prr", "prr[det_enabled=false]", "fedavg"])
+    text = report.read_text()
+    table_ii = text[text.index("## Table II") :]
+    assert cell(table_ii, "prr")[1] == "2" and cell(table_ii, "prr[det_enabled=false]")[1] == "1"  # seeds: apart, not pooled
+    assert (tmp_path / "out" / "curves_prr_det_enabled_false_.png").exists()

@@ -19,9 +19,11 @@ from the task (`registry.task_class`).
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 import os
+import re
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -206,6 +208,14 @@ def find_runs(folder: str | Path) -> tuple[list[RunResults], list[str]]:
 
 
 # ----- discovery ---------------------------------------------------------------------------
+def variant_label(method: str, method_args: dict[str, Any]) -> str:
+    """`prr` for the method with its defaults; `prr[cpa_global=false,det_enabled=false]` for a run that sets
+    options (e.g. a Table IV ablation), so that such runs are reported apart from the method's own."""
+    if not method_args:
+        return method
+    return f"{method}[{','.join(f'{k}={json.dumps(v)}' for k, v in sorted(method_args.items()))}]"
+
+
 @dataclass(frozen=True)
 class SiteResult:
     """One site's results file of one run."""
@@ -226,12 +236,14 @@ class SiteResult:
 
     @classmethod
     def load(cls, path: Path) -> SiteResult | None:
-        """None for the server's run summary, which lives in the same folder layout."""
+        """None for the server's run summary, which lives in the same folder layout. `method` is the run's
+        label in every table: the method, with the options set for the run in brackets (an ablation)."""
         data = load_json(path)
         if "site" not in data:
             return None
-        keys = ("method", "seed", "run_id", "site", "cohort", "rounds_completed", "best", "last", "ood", "history", "class_counts")
-        return cls(path=path, task=data.get("task", LEGACY_TASK), **{k: data.get(k) for k in keys})
+        keys = ("seed", "run_id", "site", "cohort", "rounds_completed", "best", "last", "ood", "history", "class_counts")
+        method = variant_label(data.get("method"), data.get("method_args") or {})
+        return cls(path=path, task=data.get("task", LEGACY_TASK), method=method, **{k: data.get(k) for k in keys})
 
     def identity(self) -> dict[str, Any]:
         """The columns that name this site's run in every tidy table."""
@@ -667,7 +679,7 @@ def protocol_results(results: Sequence[SiteResult]) -> list[dict[str, Any]]:
                     path = deployed[0]
                 else:
                     log.warning("run %s (%s): no generalization/specialization evaluation: %s", r.run_id, workspace, e)
-        found[r.run_id] = load_json(path) if path.exists() else None
+        found[r.run_id] = {**load_json(path), "method": r.method} if path.exists() else None  # the run's label
     return [p for p in found.values() if p is not None]
 
 
@@ -786,7 +798,7 @@ def _figures(
     for method in curves:
         own = [r for r in results if r.method == method]
         if any(h["kind"] == "epoch" for r in own for h in r.history):
-            figures.append(plot_curves(method, own, colours, out / f"curves_{method}.png", metric))
+            figures.append(plot_curves(method, own, colours, out / f"curves_{re.sub(r'[^A-Za-z0-9_.-]+', '_', method)}.png", metric))
     if summary:
         figures.append(plot_retrogress(summary, out / "retrogress.png", reference, metric))
 

@@ -48,7 +48,7 @@ from prrfl.errors import CommandFailed
 from prrfl.flare.jobs import job_config
 from prrfl.flare.recipe import export_job
 from prrfl.registry import validate_job
-from prrfl.report import SiteResult, build_report
+from prrfl.report import SiteResult, build_report, variant_label
 from prrfl.storage import load_json, save_json
 
 Runner = Callable[[list[str], Path], int]  # (command, log file) -> exit status
@@ -169,6 +169,7 @@ def sweep(
         except (OSError, ValueError, RuntimeError) as e:
             print(f"[{i}/{len(runs)}] {run.name}: no generalization/specialization evaluation: {e}", flush=True)
         save_json({"config": run.cfg.to_dict(), "sites": sites}, run.done_marker)
-    report = build_report([run.workspace for run in runs], root / "report", methods=list(methods), task=task)
+    labels = list(dict.fromkeys(variant_label(run.method, run.cfg.method_args) for run in runs))  # as the results name them
+    report = build_report([run.workspace for run in runs], root / "report", methods=labels, task=task)
     print(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; report: {report}", flush=True)
     return report

@@ -314,6 +314,7 @@ class SiteRuntime:
             "cohort": self.data.cohort,
             "task": self.cfg.task,
             "method": self.cfg.method,
+            "method_args": self.cfg.method_args,  # the options set for this run (an ablation's switches)
             "run_name": self.cfg.run_name,
             "run_id": self.run_id,
             "seed": self.cfg.seed,
