@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 import yaml
-from conftest import tiny_derm_config, untimed
+from conftest import tiny_derm_config, untimed, wait_for
 
 from prrfl.deploy import POC_TEMPLATE, make_project
 from prrfl.flare.recipe import export_job
@@ -116,7 +116,7 @@ def test_ctrl_c_mid_job_stops_every_process(tmp_path):
         if "round 1/50" in line:
             break
     assert proc.poll() is None, "".join(seen)[-4000:]
-    assert our_processes(str(work)), "no FLARE processes to stop"
+    wait_for(lambda: our_processes(str(work)), 30, "the FLARE processes to be listed")  # there are some to stop
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=90)
     assert proc.returncode == 130, ("".join(seen) + rest)[-4000:]
@@ -125,3 +125,36 @@ def test_ctrl_c_mid_job_stops_every_process(tmp_path):
     while our_processes(str(work)) and time.time() < deadline:
         time.sleep(0.5)
     assert not our_processes(str(work)), "FLARE processes left running"
+
+
+def test_a_job_refused_for_its_signature_is_submitted_once_more(tmp_path, monkeypatch):
+    """FLARE 2.9 now and then refuses a freshly signed job ("does not pass signature verification"): run_job
+    submits it again once; any other failure, or a second refusal, is returned as it is."""
+    from prrfl import deploy
+
+    kits = deploy.Kits(tmp_path, "server", ["a", "b"], "admin")
+    (tmp_path / "server").mkdir()
+    log = tmp_path / "server" / "log.txt"
+
+    class Session:
+        def __init__(self):
+            self.submitted = 0
+
+        def submit_job(self, job):
+            self.submitted += 1
+            return f"job{self.submitted}"
+
+    def run(statuses, refused):
+        dep = deploy.Deployment(kits)
+        dep.sess = Session()
+        finals = iter(statuses)
+        monkeypatch.setattr(deploy, "follow_job", lambda sess, job_id, follower, procs, timeout: {"status": next(finals)})
+        log.write_text(
+            "".join(f"- Failed to run the Job ({j}): RuntimeError: app app does not pass signature verification\n" for j in refused)
+        )
+        return dep.run_job(tmp_path / "job", timeout=1), dep.sess.submitted
+
+    assert run(["FINISHED:FAILED_TO_RUN", "FINISHED:COMPLETED"], ["job1"]) == (("job2", "FINISHED:COMPLETED"), 2)
+    assert run(["FINISHED:FAILED_TO_RUN", "FINISHED:FAILED_TO_RUN"], ["job1", "job2"]) == (("job2", "FINISHED:FAILED_TO_RUN"), 2)
+    assert run(["FINISHED:FAILED_TO_RUN"], []) == (("job1", "FINISHED:FAILED_TO_RUN"), 1)  # another reason: not retried
+    assert run(["FINISHED:COMPLETED"], []) == (("job1", "FINISHED:COMPLETED"), 1)

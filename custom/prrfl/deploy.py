@@ -43,6 +43,9 @@ class DeployError(RuntimeError):
 
 
 # ----- project and provisioning ------------------------------------------------------------
+SIGNATURE_REFUSAL = "does not pass signature verification"  # FLARE's server log, when a job's signature fails
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -372,13 +375,26 @@ class Deployment:
         self.procs.kill(name, grace=0)
 
     def run_job(self, job: Path, timeout: float) -> tuple[str, str]:
-        """Submit as the admin and follow to the end; returns (job id, final status)."""
-        job_id = self.sess.submit_job(str(job))
-        print(f"job {job_id} submitted", flush=True)
-        meta = follow_job(self.sess, job_id, LogFollower(self.kits.kit(self.kits.server)), self.procs, timeout)
-        status = meta.get("status", "?")
-        print(f"job {job_id} ended: {status}", flush=True)
-        return job_id, status
+        """Submit as the admin and follow to the end; returns (job id, final status). A job that FLARE 2.9
+        refused to start because its signature did not verify (an intermittent refusal of a freshly signed
+        folder, seen on loaded machines) is signed and submitted once more."""
+        for attempt in (1, 2):
+            job_id = self.sess.submit_job(str(job))
+            print(f"job {job_id} submitted", flush=True)
+            meta = follow_job(self.sess, job_id, LogFollower(self.kits.kit(self.kits.server)), self.procs, timeout)
+            status = meta.get("status", "?")
+            print(f"job {job_id} ended: {status}", flush=True)
+            if attempt == 1 and status == "FINISHED:FAILED_TO_RUN" and self.refused_signature(job_id):
+                print(f"job {job_id}: the server refused its signature ({SIGNATURE_REFUSAL}); submitting it again", flush=True)
+                continue
+            return job_id, status
+        raise AssertionError("unreachable")
+
+    def refused_signature(self, job_id: str) -> bool:
+        """Whether the server's log says it could not run job `job_id` because its signature did not verify."""
+        log = self.kits.kit(self.kits.server) / "log.txt"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return any(job_id in line and SIGNATURE_REFUSAL in line for line in text.splitlines())
 
     def stop(self) -> None:
         shutdown(self.sess, self.procs)
