@@ -146,7 +146,7 @@ def test_a_job_refused_for_its_signature_is_submitted_once_more(tmp_path, monkey
 
     def run(statuses, refused):
         dep = deploy.Deployment(kits)
-        dep.sess = Session()
+        dep.sess, dep.signature_wait = Session(), 0.0
         finals = iter(statuses)
         monkeypatch.setattr(deploy, "follow_job", lambda sess, job_id, follower, procs, timeout: {"status": next(finals)})
         log.write_text(

@@ -390,11 +390,19 @@ class Deployment:
             return job_id, status
         raise AssertionError("unreachable")
 
+    signature_wait = 10.0  # s: the server's log line of a refused signature may follow the job's status
+
     def refused_signature(self, job_id: str) -> bool:
         """Whether the server's log says it could not run job `job_id` because its signature did not verify."""
         log = self.kits.kit(self.kits.server) / "log.txt"
-        text = log.read_text(errors="replace") if log.exists() else ""
-        return any(job_id in line and SIGNATURE_REFUSAL in line for line in text.splitlines())
+        deadline = time.time() + self.signature_wait
+        while True:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if any(job_id in line and SIGNATURE_REFUSAL in line for line in text.splitlines()):
+                return True
+            if time.time() >= deadline:
+                return False
+            time.sleep(0.5)
 
     def stop(self) -> None:
         shutdown(self.sess, self.procs)
