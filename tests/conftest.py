@@ -204,14 +204,3 @@ def wait_for(condition, timeout: float, what: str) -> None:
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
 
-
-# Tests that start a FLARE POC deployment (server and site processes over gRPC) run one after another in
-# one pytest-xdist worker (CI: -n 2 --dist loadgroup); every other module is a group of its own, so its
-# module fixtures are built once.
-POC_MODULES = {"test_faults", "test_deploy_poc", "test_recipe", "test_security"}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        module = item.module.__name__.rpartition(".")[2]
-        item.add_marker(pytest.mark.xdist_group("poc" if module in POC_MODULES else module))
