@@ -203,4 +203,3 @@ def wait_for(condition, timeout: float, what: str) -> None:
     while not condition():
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
-
