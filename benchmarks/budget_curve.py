@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import statistics
 import sys
-from pathlib import Path
 
-from round_timing import site_results
+from round_timing import each_run
 
 from prrfl.registry import task_class
 
@@ -26,33 +25,22 @@ def reported_after(history: list[dict], k: int, metric: str) -> dict[str, float]
     return best["test"]
 
 
+def print_budget(name: str, results: list[dict]) -> None:
+    results = sorted(results, key=lambda r: r["cohort"])
+    facts = task_class(results[0]["task"])
+    primary, metrics = facts.metric_names[0], facts.table_metrics[:2]
+    total = min(sum(h["kind"] == "round" for h in r["history"]) for r in results)
+    print(f"\n## {name}: reported test metrics after k rounds (best validation {primary} among the first k)\n")
+    print("| rounds | " + " | ".join(f"mean {m}" for m in metrics) + " | " + " | ".join(f"{r['cohort']} {primary}" for r in results) + " |")
+    print("|---|" + "---|" * (len(metrics) + len(results)))
+    for k in range(1, total + 1):
+        tests = [reported_after(r["history"], k, primary) for r in results]
+        means = " | ".join(f"{statistics.mean(t[m] for t in tests):.1f}" for m in metrics)
+        print(f"| {k} | {means} | " + " | ".join(f"{t[primary]:.1f}" for t in tests) + " |")
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__, file=sys.stderr)
-        return 2
-    runs = site_results([Path(a) for a in argv])
-    if not runs:
-        print(f"no site results.json under {', '.join(argv)}", file=sys.stderr)
-        return 1
-    for name, results in sorted(runs.items()):
-        results = sorted(results, key=lambda r: r["cohort"])
-        facts = task_class(results[0]["task"])
-        primary, metrics = facts.metric_names[0], facts.table_metrics[:2]
-        total = min(sum(h["kind"] == "round" for h in r["history"]) for r in results)
-        print(f"\n## {name}: reported test metrics after k rounds (best validation {primary} among the first k)\n")
-        print(
-            "| rounds | "
-            + " | ".join(f"mean {m}" for m in metrics)
-            + " | "
-            + " | ".join(f"{r['cohort']} {primary}" for r in results)
-            + " |"
-        )
-        print("|---|" + "---|" * (len(metrics) + len(results)))
-        for k in range(1, total + 1):
-            tests = [reported_after(r["history"], k, primary) for r in results]
-            means = " | ".join(f"{statistics.mean(t[m] for t in tests):.1f}" for m in metrics)
-            print(f"| {k} | {means} | " + " | ".join(f"{t[primary]:.1f}" for t in tests) + " |")
-    return 0
+    return each_run(argv, __doc__, print_budget)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from prrfl.registry import task_class
@@ -61,17 +62,22 @@ def print_run(name: str, results: list[dict]) -> None:
     )
 
 
-def main(argv: list[str]) -> int:
+def each_run(argv: list[str], usage: str, show: Callable[[str, list[dict]], None]) -> int:
+    """The command line of the benchmark scripts: `show` each run found under the folders in argv."""
     if not argv:
-        print(__doc__, file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     runs = site_results([Path(a) for a in argv])
     if not runs:
         print(f"no site results.json under {', '.join(argv)}", file=sys.stderr)
         return 1
     for name, results in sorted(runs.items()):
-        print_run(name, results)
+        show(name, results)
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return each_run(argv, __doc__, print_run)
 
 
 if __name__ == "__main__":
