@@ -203,3 +203,30 @@ def wait_for(condition, timeout: float, what: str) -> None:
     while not condition():
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
+
+
+# With pytest-xdist (CI's e2e stage: -n 2 --dist loadscope) every test module runs whole in one worker, so
+# its module fixtures are built once, and the modules that start FLARE POC deployments (server and site
+# processes on fixed local ports) form one unit together: two deployments at once on a 2-core machine made
+# FLARE refuse job signatures and miss rounds. pytest 9 ignores xdist's own `xdist_group` renaming of test
+# ids, so the grouping is done where xdist documents it can be changed: the scheduler's scope of a test id.
+POC_MODULES = frozenset({"test_deploy_poc.py", "test_faults.py", "test_recipe.py", "test_security.py"})
+
+
+def work_unit(nodeid: str) -> str:
+    """The work unit a test belongs to: its module, or "poc" for the modules that start POC deployments."""
+    module = nodeid.split("::", 1)[0]
+    return "poc" if module.rpartition("/")[2] in POC_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None  # any other --dist keeps xdist's own scheduler
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ModuleScheduling(config, log)
