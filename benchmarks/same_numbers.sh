@@ -2,7 +2,8 @@
 # Same seed, same numbers: runs a committed job (default jobs/derm_prr: 4 sites, 5 rounds x 2 epochs,
 # 64 px synthetic federation) in the FLARE simulator with the code of a git revision and with the working
 # tree, on this machine, and compares every site's history (per-round valid/test and per-epoch test
-# metrics; wall-clock timings left out) value by value. Use it to show a refactor changed no number.
+# metrics; wall-clock timings left out) value by value; a record field that only the working tree writes is
+# named, not compared. Use it to show a refactor changed no number.
 #
 #   bash benchmarks/same_numbers.sh <revision> [job] [sites]
 #   e.g. bash benchmarks/same_numbers.sh HEAD~1
@@ -34,8 +35,11 @@ def history(side, site):
 differ = 0
 for site in (f"site-{i}" for i in range(1, sites + 1)):
     (a, _), (b, best) = history("before", site), history("after", site)
-    same = a == b
+    # every value the revision recorded must be the same; a field only the working tree records is named
+    same = len(a) == len(b) and all(x.keys() <= y.keys() and all(x[k] == y[k] for k in x) for x, y in zip(a, b))
+    new = sorted({k for x, y in zip(a, b) for k in y.keys() - x.keys()})
     differ += not same
-    print(f"{site}: {'identical' if same else 'DIFFERENT'} ({len(a)} history entries; best round {best['round']}, test {best['test']})")
+    extra = f"; fields new in the working tree: {', '.join(new)}" if new else ""
+    print(f"{site}: {'identical' if same else 'DIFFERENT'} ({len(a)} history entries; best round {best['round']}, test {best['test']}{extra})")
 sys.exit(1 if differ else 0)
 PY

@@ -199,6 +199,7 @@ def test_tensorboard_runs_are_named_by_cohort_and_the_server_writes_the_federati
             "test/auc",
             "cpa/gamma_mel",
             "retrogress/f1_drop",
+            "retrogress/shared_f1_drop",  # D's, beside P's
         ):
             assert expected in tags, (s, expected, sorted(tags))
         assert "pfa/r" not in tags  # logged once, by the server

@@ -183,6 +183,32 @@ def test_retrogress_is_the_drop_from_the_last_epoch_before_communication_to_the_
     assert summary["fedavg"] == pytest.approx((5.5, statistics.stdev(fedavg), 16))
 
 
+def test_the_shared_models_retrogress_stands_beside_the_reported_ones_where_runs_recorded_it(workspaces, tmp_path):
+    """PRR's deputy (the model PFA's output lands in) uploads 30 + r and scores 4 + i points less right after
+    the next download; FedAvg's runs recorded no shared model (results of an older version): a dash."""
+    for ws in workspaces[:2]:  # prr, seeds 0 and 1
+        for i, path in enumerate(sorted(ws.glob("site-*/prrfl/*/results.json"))):
+            results = json.loads(path.read_text())
+            for h in results["history"]:
+                if h["kind"] == "round":
+                    h["shared_test"] = metrics(30.0 + h["round"])
+                elif h["kind"] == "download":
+                    h["shared_test"] = metrics(30.0 + h["round"] - 1 - (4 + i))
+            path.write_text(json.dumps(results))
+    shared = retrogress_rows(find_results(workspaces), "f1", model="shared")
+    assert len(shared) == 8 * (ROUNDS - 1) and {row["method"] for row in shared} == {"prr"}
+    one = next(d for d in shared if (d["seed"], d["site"], d["round"]) == (1, "site-3", 2))
+    assert (one["before"], one["after"], one["drop"], one["model"]) == (31.0, 25.0, 6.0, "shared")
+    report = build_report(workspaces, tmp_path / "report", methods=["prr", "fedavg"]).read_text()
+    table = report.split("## Retrogress after communication")[1]
+    assert "shared model's drop" in table
+    assert cell(table, "prr") == ["prr", "0.00", "0.00", "16", "5.50", f"{statistics.stdev([4, 5, 6, 7] * 4):.2f}", "16"]
+    assert cell(table, "fedavg")[4:] == ["–", "–", "–"]
+    with open(tmp_path / "report" / "retrogress.csv") as f:
+        models = [row["model"] for row in csv.DictReader(f)]
+    assert models.count("reported") == 32 and models.count("shared") == 16
+
+
 def test_build_report_writes_tables_csv_and_figures(workspaces, tmp_path, caplog):
     out = tmp_path / "report"
     report = build_report(workspaces, out, methods=["prr", "fedavg", "fedbn"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -11,6 +12,7 @@ import torch
 from conftest import as_numpy, make_runtime, untimed
 
 from prrfl.messages import Download
+from prrfl.metrics import download_drops, shared_model_drops
 from prrfl.site.trainer import run_round
 from prrfl.site.view import SiteView
 
@@ -92,6 +94,39 @@ def test_every_round_opens_in_recover_and_logs_the_expected_scalars(tiny_task, t
     assert drops == [(pytest.approx(site.download_drop(1)), 2)]  # at the epoch the download of round 1 is used
     gammas = [value for tag, value, step in site.scalars if tag.startswith("cpa/gamma") and step >= 2]
     assert any(g != 1.0 for g in gammas)  # prototypes refine the loss once a global prototype arrived
+
+
+def test_the_deputy_is_measured_as_uploaded_and_right_after_the_download_overwrites_it(tiny_task, tmp_path):
+    """PRR reports P but uploads D: D's test metrics are recorded at the end of a round (what it uploads) and
+    right after the next download (the download's weights under the site's own BN), and their difference
+    is the shared model's retrogress, which PFA is meant to soften."""
+    site = make_runtime(tiny_task, tmp_path)
+    upload = run_round(site, initial_download(tiny_task), 0)
+    as_uploaded = site.evaluate("deputy", "test")
+    assert site.history[-1]["kind"] == "round" and site.history[-1]["shared_test"] == as_uploaded
+    download = next_download(upload, 1, shift=0.05)
+    received, personal = copy.deepcopy(site.models["deputy"]), copy.deepcopy(site.models["personal"])
+    received.load_state_dict(download.params, strict=False)  # what on_download does to D, done by hand
+    test_split = site.data.split("test")
+    expected_shared, expected_reported = (tiny_task.evaluate(m, test_split, site.eval_batch_size) for m in (received, personal))
+    run_round(site, download, 1)
+    entry = next(h for h in site.history if h["kind"] == "download")
+    assert entry["shared_test"] == expected_shared and entry["test"] == expected_reported
+    assert entry["shared_test"] != entry["test"]  # two models
+    assert shared_model_drops(site.history, "f1") == {1: (as_uploaded["f1"], expected_shared["f1"])}
+    logged = [(value, step) for tag, value, step in site.scalars if tag == "retrogress/shared_f1_drop"]
+    assert logged == [(pytest.approx(as_uploaded["f1"] - expected_shared["f1"]), 2)]
+
+
+def test_a_method_that_uploads_its_reported_model_records_that_model_as_the_shared_one(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path, method="fedavg")
+    upload = run_round(site, Download(params=site.models["local"].state_dict(), round=0), 0)
+    run_round(site, Download(params=upload.params, round=1), 1)
+    shared = [h for h in site.history if "shared_test" in h]
+    assert [h["kind"] for h in shared] == ["round", "download", "round"]
+    assert all(h["shared_test"] == h["test"] for h in shared)
+    assert shared_model_drops(site.history, "f1") == download_drops(site.history, "f1")
+    assert not any(tag == "retrogress/shared_f1_drop" for tag, _, _ in site.scalars)  # it would repeat retrogress/f1_drop
 
 
 def test_checkpoint_resume_reproduces_an_uninterrupted_run(tiny_task, tmp_path):

@@ -51,6 +51,16 @@ def download_drops(history: Iterable[dict], metric: str) -> dict[int, tuple[floa
     return {rnd: (before[rnd - 1][1], after[rnd]) for rnd in sorted(after) if rnd - 1 in before}
 
 
+def shared_model_drops(history: Iterable[dict], metric: str) -> dict[int, tuple[float, float]]:
+    """Retrogress of the shared model, for a method that uploads another model than the one it reports
+    (PRR's deputy; see `download_drops` for the reported one): communication round r (>= 1) -> (before,
+    after), the test metric of the model uploaded at the end of round r-1 and of the same model right
+    after the download of round r overwrote it. Empty when the history has no `shared_test` records."""
+    uploaded = {h["round"]: h["shared_test"][metric] for h in history if h["kind"] == "round" and "shared_test" in h}
+    received = {h["round"]: h["shared_test"][metric] for h in history if h["kind"] == "download" and "shared_test" in h}
+    return {rnd: (uploaded[rnd - 1], received[rnd]) for rnd in sorted(received) if rnd - 1 in uploaded}
+
+
 def classification_metrics(probs: np.ndarray, labels: np.ndarray, num_classes: int, class_names: Sequence[str] = ()) -> dict[str, float]:
     """probs [N, C] softmax outputs, labels [N] ints -> {"f1", "auc", "acc", "bacc"} in percent, and with
     `class_names` each class's recall as "recall_<name>" (NaN for a class absent from `labels`).

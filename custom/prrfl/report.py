@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from prrfl.crosseval import CROSSEVAL_FILE
-from prrfl.metrics import download_drops, label, nanmean
+from prrfl.metrics import download_drops, label, nanmean, shared_model_drops
 from prrfl.registry import task_class
 from prrfl.storage import load_json, save_text
 
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 RESULTS_GLOB = "**/prrfl/*/results.json"
 LONG_FIELDS = ("method", "seed", "run_id", "site", "cohort", "split", "metric", "value")
-RETROGRESS_FIELDS = ("method", "seed", "run_id", "site", "cohort", "round", "before", "after", "drop")
+RETROGRESS_FIELDS = ("method", "seed", "run_id", "site", "cohort", "model", "round", "before", "after", "drop")
 WILCOXON_MIN_PAIRS = 6  # below this the signed-rank test cannot reach p < 0.05: use a paired t-test
 LEGACY_TASK = "derm"  # results files written before they named their task hold dermoscopy runs
 MISSING = "–"
@@ -304,13 +304,16 @@ def long_rows(results: Sequence[SiteResult]) -> list[dict[str, Any]]:
     return rows
 
 
-def retrogress_rows(results: Sequence[SiteResult], metric: str) -> list[dict[str, Any]]:
+def retrogress_rows(results: Sequence[SiteResult], metric: str, model: str = "reported") -> list[dict[str, Any]]:
     """One row per site and communication round r >= 1: the test metric of the last local epoch of
-    round r-1 (just before communication), right after the download of round r, and the drop."""
+    round r-1 (just before communication), right after the download of round r, and the drop; of the
+    site's reported model, or with model="shared" of the model it uploads and the download overwrites
+    (PRR's deputy; the reported model for most methods; recorded by newer runs only)."""
+    drops = {"reported": download_drops, "shared": shared_model_drops}[model]
     rows = []
     for r in results:
-        for rnd, (before, after) in download_drops(r.history, metric).items():
-            rows.append({**r.identity(), "round": rnd, "before": before, "after": after, "drop": before - after})
+        for rnd, (before, after) in drops(r.history, metric).items():
+            rows.append({**r.identity(), "model": model, "round": rnd, "before": before, "after": after, "drop": before - after})
     return rows
 
 
@@ -488,16 +491,35 @@ def retrogress_summary(drops: Sequence[dict[str, Any]], methods: Sequence[str]) 
     return summary
 
 
-def retrogress_table(summary: dict[str, tuple[float, float, int]], metric: str) -> str:
+def retrogress_table(
+    summary: dict[str, tuple[float, float, int]], metric: str, shared: dict[str, tuple[float, float, int]] | None = None
+) -> str:
+    """The reported models' drops (`summary`) and, beside them, the shared models' (`shared`, when any run
+    recorded them): the drop that PFA is meant to soften is the shared model's."""
     if not summary:
         return "No per-epoch test records (eval_test_every_epoch) in these results: no retrogress measure."
-    body = [[m, f"{mean:.2f}", f"{std:.2f}", str(n)] for m, (mean, std, n) in summary.items()]
+    shared = shared or {}
+
+    def cells(stats: tuple[float, float, int] | None) -> list[str]:
+        return [f"{stats[0]:.2f}", f"{stats[1]:.2f}", str(stats[2])] if stats else [MISSING] * 3
+
+    body = [[m, *cells(summary[m])] + (cells(shared.get(m)) if shared else []) for m in summary]
+    header = ["method", f"mean {label(metric)} drop", "std", "n"]
     note = (
         f"Drop = test {label(metric)} after the last local epoch of round r-1 minus test {label(metric)} right "
         "after the download of round r (r ≥ 1), per site; mean and sample std over sites, rounds and seeds. "
         "Positive = the download made the evaluated model worse."
     )
-    return _markdown(["method", f"mean {label(metric)} drop", "std", "n"], body) + "\n\n" + note
+    if shared:
+        header += ["shared model's drop", "std", "n"]
+        note += (
+            " The first columns are the model each site reports (PRR: the personalized model, which DET keeps); "
+            "the shared model is the one a site uploads and the download overwrites (PRR: the deputy, which "
+            "receives PFA's output, or with pfa_enabled=false the plain average; the reported model itself "
+            f"for most methods), its test {label(metric)} as uploaded at the end of round r-1 minus right after the "
+            f"download of round r. {MISSING}: runs that did not record it."
+        )
+    return _markdown(header, body) + "\n\n" + note
 
 
 def runs_table(results: Sequence[SiteResult], methods: Sequence[str]) -> str:
@@ -750,8 +772,9 @@ def build_report(
     order = method_order(results, methods, reference)
     rows = long_rows(results)
     drops = retrogress_rows(results, primary)
+    shared_drops = retrogress_rows(results, primary, model="shared")
     write_csv(rows, LONG_FIELDS, out / "results_long.csv")
-    write_csv(drops, RETROGRESS_FIELDS, out / "retrogress.csv")
+    write_csv(drops + shared_drops, RETROGRESS_FIELDS, out / "retrogress.csv")
     summary = retrogress_summary(drops, order)
     figures = _figures(results, curves or order, summary, out, reference, primary)
     overlays = plot_overlays(results, order, out / "overlays.png", facts.site_names)  # segmentation runs write examples
@@ -779,7 +802,7 @@ def build_report(
     if minority:
         sections.append(f"## Class imbalance: the rarest class's recall\n\n{minority}\n")
     sections += [
-        f"## Retrogress after communication\n\n{retrogress_table(summary, primary)}\n",
+        f"## Retrogress after communication\n\n{retrogress_table(summary, primary, retrogress_summary(shared_drops, order))}\n",
         "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n",
     ]
     return save_text("\n".join(sections), out / "report.md")

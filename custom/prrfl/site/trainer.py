@@ -10,6 +10,7 @@ import time
 import torch
 
 from prrfl.messages import Download, Upload
+from prrfl.metrics import shared_model_drops
 from prrfl.site.state import SiteRuntime
 from prrfl.site.view import SiteView
 
@@ -30,10 +31,17 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     if cfg.eval_test_every_epoch and round_idx > 0:
         # right after the download, before any local step: where retrogress shows
         test = site.evaluate(method.eval_role, "test")
-        site.history.append({"kind": "download", "round": round_idx, "epochs_done": round_idx * cfg.local_epochs, "test": test})
+        epochs_done = round_idx * cfg.local_epochs
+        site.history.append(
+            {"kind": "download", "round": round_idx, "epochs_done": epochs_done, "test": test, "shared_test": shared_test(site, test)}
+        )
+        metric = site.task.primary_metric
         drop = site.download_drop(round_idx)
         if drop is not None:
-            site.log_scalar(f"retrogress/{site.task.primary_metric}_drop", drop, round_idx * cfg.local_epochs)
+            site.log_scalar(f"retrogress/{metric}_drop", drop, epochs_done)
+        shared = shared_model_drops(site.history, metric).get(round_idx)
+        if shared is not None and method.upload_role != method.eval_role:  # otherwise the same as the line above
+            site.log_scalar(f"retrogress/shared_{metric}_drop", shared[0] - shared[1], epochs_done)
     for epoch in range(cfg.local_epochs):
         step = round_idx * cfg.local_epochs + epoch  # global epoch index: the x axis of every curve
         for opt in site.optimizers.values():
@@ -66,6 +74,15 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     upload = method.upload(view)
     site.save()
     return upload
+
+
+def shared_test(site: SiteRuntime, reported: dict[str, float]) -> dict[str, float]:
+    """Test metrics of the model the site uploads and the next download overwrites, recorded (with per-epoch
+    test records) at the end of each round and right after each download: the retrogress of the shared
+    model. It is the reported model (`reported`, already measured) unless the method uploads another one
+    (PRR's deputy)."""
+    role = site.method.upload_role
+    return reported if role == site.method.eval_role else site.evaluate(role, "test")
 
 
 def check_can_join(site: SiteRuntime, download: Download, round_idx: int) -> None:
@@ -129,7 +146,10 @@ def record_round(site: SiteRuntime, round_idx: int, timing: dict[str, float]) ->
     for split, values in (("valid", valid), ("test", test)):
         for name, value in values.items():
             site.log_scalar(f"{split}/{name}", value, step)
-    site.history.append({"kind": "round", "round": round_idx, "epochs_done": step + 1, "valid": valid, "test": test, "timing": timing})
+    entry = {"kind": "round", "round": round_idx, "epochs_done": step + 1, "valid": valid, "test": test, "timing": timing}
+    if site.cfg.eval_test_every_epoch:
+        entry["shared_test"] = shared_test(site, test)
+    site.history.append(entry)
     score = valid[metric]
     eligible = round_idx >= site.cfg.select_from_round and not math.isnan(score)
     if eligible and (site.best is None or score > site.best["valid"][metric]):
