@@ -210,7 +210,7 @@ def wait_for(condition, timeout: float, what: str) -> None:
 # processes on fixed local ports) form one unit together: two deployments at once on a 2-core machine made
 # FLARE refuse job signatures and miss rounds. pytest 9 ignores xdist's own `xdist_group` renaming of test
 # ids, so the grouping is done where xdist documents it can be changed: the scheduler's scope of a test id.
-POC_MODULES = frozenset({"test_deploy_poc.py", "test_faults.py", "test_recipe.py", "test_security.py"})
+POC_MODULES = frozenset({"test_deploy_poc.py", "test_faults.py", "test_security.py"})
 
 
 def work_unit(nodeid: str) -> str:

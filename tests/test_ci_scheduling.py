@@ -26,7 +26,7 @@ def _record(name):
 def test_the_poc_modules_share_one_worker_and_every_module_stays_whole(pytester, tmp_path, monkeypatch):
     pytester.makeconftest(CONFTEST)
     monkeypatch.setenv("RECORD_DIR", str(tmp_path))
-    modules = ["test_faults", "test_deploy_poc", "test_recipe", "test_security", "test_sim_faults", "test_crosseval"]
+    modules = ["test_faults", "test_deploy_poc", "test_security", "test_recipe", "test_sim_faults", "test_crosseval"]
     for module in modules:
         tests = "".join(f"\ndef test_{i}():\n    _record('{module}.{i}')\n" for i in range(3))
         pytester.makepyfile(**{module: RECORD + tests})
@@ -36,6 +36,6 @@ def test_the_poc_modules_share_one_worker_and_every_module_stays_whole(pytester,
     assert len(worker) == 3 * len(modules)
     per_module = {m: {w for name, w in worker.items() if name.startswith(m + ".")} for m in modules}
     assert all(len(ws) == 1 for ws in per_module.values()), per_module  # each module whole in one worker
-    poc = {next(iter(per_module[m])) for m in ("test_faults", "test_deploy_poc", "test_recipe", "test_security")}
+    poc = {next(iter(per_module[m])) for m in ("test_faults", "test_deploy_poc", "test_security")}
     assert len(poc) == 1, per_module  # every POC module in the same worker
     assert set(worker.values()) == {"gw0", "gw1"}  # and the other worker had work too

@@ -1,10 +1,12 @@
 """`prrfl deploy poc` end to end: provisioned kits, a server and 2 site processes over gRPC + mTLS on
-localhost, the job submitted and downloaded by the admin, everything stopped afterwards."""
+localhost, the job submitted and downloaded by the admin, everything stopped afterwards; and `prrfl run
+--env poc`, the recipe on FLARE's PocEnv."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,9 +16,10 @@ import psutil
 import pytest
 import yaml
 from conftest import tiny_derm_config, untimed, wait_for
+from test_recipe import TINY_SETS
 
 from prrfl.deploy import POC_TEMPLATE, make_project
-from prrfl.flare.recipe import export_job
+from prrfl.flare.recipe import export_job, server_results
 from prrfl.sweep import simulator_command
 
 SITES = ["vidir-modern", "vidir-molemax"]
@@ -158,3 +161,25 @@ def test_a_job_refused_for_its_signature_is_submitted_once_more(tmp_path, monkey
     assert run(["FINISHED:FAILED_TO_RUN", "FINISHED:FAILED_TO_RUN"], ["job1", "job2"]) == (("job2", "FINISHED:FAILED_TO_RUN"), 2)
     assert run(["FINISHED:FAILED_TO_RUN"], []) == (("job1", "FINISHED:FAILED_TO_RUN"), 1)  # another reason: not retried
     assert run(["FINISHED:COMPLETED"], []) == (("job1", "FINISHED:COMPLETED"), 1)
+
+
+@pytest.mark.e2e
+def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path, capsys):
+    from test_results_layouts import printed_tables
+
+    poc = tmp_path / "poc"
+    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "NVFLARE_POC_WORKSPACE": str(poc), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "prrfl.cli", "run", "--env", "poc", "--sites", "2", "--timeout", "300", *TINY_SETS]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    (result,) = re.findall(r"derm_prr on poc: FINISHED:COMPLETED; results in (\S+)", out)
+    sites = server_results(result)["sites"]  # the server workspace the admin downloaded
+    assert {s: p["participation"]["aggregated"] for s, p in sites.items()} == {"site-1": [0, 1], "site-2": [0, 1]}
+    for site in ("site-1", "site-2"):  # each site kept its state in its own POC workspace
+        assert list(poc.rglob(f"prod_00/{site}/prrfl/derm_prr/site_state.pt")), site
+    assert not our_processes(str(poc)), "POC processes left running"
+    # the POC workspace holds the run three times (the server's and the sites' prrfl/ folders, the admin's download)
+    ((title, table),) = printed_tables(poc, capsys).items()
+    per_site = table.split("\n\nCross-site evaluation: ")[0]  # prrfl results adds FLARE's cross-site matrix
+    assert title.startswith("derm_prr (run ") and f"\n\n{per_site}" in out

@@ -1,12 +1,12 @@
 """The FLARE 2.9 recipe: every (task, method) job from one Recipe, the committed job folders its exports,
-job.py and `prrfl run` on SimEnv and PocEnv (ProdEnv: tests/test_faults.py, on a provisioned deployment)."""
+job.py and `prrfl run` on SimEnv (PocEnv: tests/test_deploy_poc.py; ProdEnv: tests/test_faults.py, on a
+provisioned deployment)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +19,7 @@ from nvflare.recipe.spec import Recipe
 
 from prrfl.config import ConfigError
 from prrfl.flare.jobs import job_config, job_files
-from prrfl.flare.recipe import PACKAGE, PersonalizedRecipe, environment, export_job, server_results
+from prrfl.flare.recipe import PACKAGE, PersonalizedRecipe, environment, export_job
 from prrfl.sweep import simulator_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,26 +208,3 @@ def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simula
     for site in ("site-1", "site-2"):
         for key, value in theirs["downloads"][site].params.items():
             assert torch.equal(mine["downloads"][site].params[key], value), (site, key)
-
-
-@pytest.mark.e2e
-def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path, capsys):
-    from test_deploy_poc import our_processes
-    from test_results_layouts import printed_tables
-
-    poc = tmp_path / "poc"
-    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "NVFLARE_POC_WORKSPACE": str(poc), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "prrfl.cli", "run", "--env", "poc", "--sites", "2", "--timeout", "300", *TINY_SETS]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500, cwd=tmp_path)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    (result,) = re.findall(r"derm_prr on poc: FINISHED:COMPLETED; results in (\S+)", out)
-    sites = server_results(result)["sites"]  # the server workspace the admin downloaded
-    assert {s: p["participation"]["aggregated"] for s, p in sites.items()} == {"site-1": [0, 1], "site-2": [0, 1]}
-    for site in ("site-1", "site-2"):  # each site kept its state in its own POC workspace
-        assert list(poc.rglob(f"prod_00/{site}/prrfl/derm_prr/site_state.pt")), site
-    assert not our_processes(str(poc)), "POC processes left running"
-    # the POC workspace holds the run three times (the server's and the sites' prrfl/ folders, the admin's download)
-    ((title, table),) = printed_tables(poc, capsys).items()
-    per_site = table.split("\n\nCross-site evaluation: ")[0]  # prrfl results adds FLARE's cross-site matrix
-    assert title.startswith("derm_prr (run ") and f"\n\n{per_site}" in out
