@@ -209,6 +209,28 @@ def test_the_shared_models_retrogress_stands_beside_the_reported_ones_where_runs
     assert models.count("reported") == 32 and models.count("shared") == 16
 
 
+def test_ablations_rank_the_variants_against_the_full_method(workspaces, tmp_path):
+    """A Table IV run: PRR without DET scores 3 points less at every site and seed (written by hand below)."""
+    for seed in (0, 1):
+        ws = tmp_path / f"no_det_s{seed}"
+        write_run(ws, "prr", seed, run_id=f"nodet{seed}")
+        for path in ws.glob("site-*/prrfl/*/results.json"):
+            results = json.loads(path.read_text())
+            results["method_args"] = {"det_enabled": False}
+            results["best"]["test"] = metrics(results["best"]["test"]["f1"] - 3.0)
+            path.write_text(json.dumps(results))
+    report = build_report([*workspaces, tmp_path / "no_det_s0", tmp_path / "no_det_s1"], tmp_path / "report").read_text()
+    table = report.split("## Ablations (the paper's Table IV layout)")[1].split("\n## ")[0]
+    lines = [line for line in table.splitlines() if line.startswith("| prr")]
+    assert [line.split(" | ")[0] for line in lines] == ["| prr", "| prr[det_enabled=false]"]  # best first
+    # prr: Avg F1 (80 + 60 + 70 + 75) / 4 = 71.25 at seed 0, 73.25 at seed 1; AUC = F1 + 10
+    assert cell(table, "prr") == ["prr", "2", "72.25 ± 1.41", "82.25 ± 1.41", "–", "–"]
+    variant = cell(table, "prr[det_enabled=false]")
+    assert variant[:5] == ["prr[det_enabled=false]", "2", "69.25 ± 1.41", "79.25 ± 1.41", "-3.00 ± 0.00"]
+    assert variant[5].startswith("0.00781 (Wilcoxon, n=8)")  # 8 pairs, all the same sign: 2 / 2^8
+    assert "fedavg" not in table  # another method is no ablation
+
+
 def test_build_report_writes_tables_csv_and_figures(workspaces, tmp_path, caplog):
     out = tmp_path / "report"
     report = build_report(workspaces, out, methods=["prr", "fedavg", "fedbn"])
