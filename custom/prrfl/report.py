@@ -675,17 +675,46 @@ def plot_overlays(results: Sequence[SiteResult], methods: Sequence[str], path: P
     return _save(fig, path)
 
 
-def plot_retrogress(summary: dict[str, tuple[float, float, int]], path: Path, reference: str, metric: str) -> Path:
-    """Bar per method: mean drop of the test metric right after a communication round, ±1 std."""
+def plot_retrogress(
+    summary: dict[str, tuple[float, float, int]],
+    path: Path,
+    reference: str,
+    metric: str,
+    shared: dict[str, tuple[float, float, int]] | None = None,
+) -> Path:
+    """Bar per method: mean drop of the test metric right after a communication round, ±1 std; with
+    `shared`, a second bar beside it for the shared model (the one the download overwrites) where measured."""
     plt = _pyplot()
     methods = list(summary)
-    means = [summary[m][0] for m in methods]
-    stds = [summary[m][1] for m in methods]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(methods) + 2), 4.5))
+    shared = {m: v for m, v in (shared or {}).items() if m in summary}
+    width = 0.4 if shared else 0.8
+    x = np.arange(len(methods)) - (width / 2 if shared else 0.0)
+    fig, ax = plt.subplots(figsize=(max(6.0, (1.6 if shared else 1.1) * len(methods) + 2), 4.8))
     colours = ["tab:green" if m == reference else "tab:blue" for m in methods]
-    ax.bar(range(len(methods)), means, yerr=stds, capsize=4, color=colours, alpha=0.85)
-    # the numbers go under the bars: a label on a bar collides with its error bar
-    ax.set_xticks(range(len(methods)), [f"{m}\n{mean:.1f} ± {std:.1f}" for m, mean, std in zip(methods, means, stds)])
+    means, stds = [summary[m][0] for m in methods], [summary[m][1] for m in methods]
+    ax.bar(x, means, width, yerr=stds, capsize=4, color=colours, alpha=0.85)
+    labels = [f"{m}\n{mean:.1f} ± {std:.1f}" for m, mean, std in zip(methods, means, stds)]  # under the bars, clear of error bars
+    if shared:
+        at = [i for i, m in enumerate(methods) if m in shared]
+        ax.bar(
+            x[at] + width,
+            [shared[methods[i]][0] for i in at],
+            width,
+            yerr=[shared[methods[i]][1] for i in at],
+            capsize=4,
+            color="tab:orange",
+            alpha=0.85,
+            label="shared model (uploaded, then overwritten)",
+        )
+        labels = [f"{lab}\nshared {shared[m][0]:.1f} ± {shared[m][1]:.1f}" if m in shared else lab for lab, m in zip(labels, methods)]
+        from matplotlib.patches import Patch
+
+        handles = [
+            Patch(color="tab:blue", alpha=0.85, label=f"reported model ({reference}: green)"),
+            Patch(color="tab:orange", alpha=0.85, label="shared model (uploaded, then overwritten)"),
+        ]
+        ax.legend(handles=handles, fontsize=8)
+    ax.set_xticks(np.arange(len(methods)), labels, fontsize=8 if shared else None)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel(f"method (green: the reference, {reference})")
     ax.set_ylabel(f"test {label(metric)} drop (points)")
@@ -812,8 +841,8 @@ def build_report(
     shared_drops = retrogress_rows(results, primary, model="shared")
     write_csv(rows, LONG_FIELDS, out / "results_long.csv")
     write_csv(drops + shared_drops, RETROGRESS_FIELDS, out / "retrogress.csv")
-    summary = retrogress_summary(drops, order)
-    figures = _figures(results, curves or order, summary, out, reference, primary)
+    summary, shared_summary = retrogress_summary(drops, order), retrogress_summary(shared_drops, order)
+    figures = _figures(results, curves or order, summary, out, reference, primary, shared_summary)
     overlays = plot_overlays(results, order, out / "overlays.png", facts.site_names)  # segmentation runs write examples
     figures += [overlays] if overlays else []
     names = " and ".join([", ".join(label(m) for m in metrics[:-1]), label(metrics[-1])] if len(metrics) > 1 else [label(metrics[0])])
@@ -842,7 +871,7 @@ def build_report(
     if minority:
         sections.append(f"## Class imbalance: the rarest class's recall\n\n{minority}\n")
     sections += [
-        f"## Retrogress after communication\n\n{retrogress_table(summary, primary, retrogress_summary(shared_drops, order))}\n",
+        f"## Retrogress after communication\n\n{retrogress_table(summary, primary, shared_summary)}\n",
         "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n",
     ]
     return save_text("\n".join(sections), out / "report.md")
@@ -855,6 +884,7 @@ def _figures(
     out: Path,
     reference: str,
     metric: str,
+    shared: dict[str, tuple[float, float, int]] | None = None,
 ) -> list[Path]:
     colours = site_colours({r.cohort for r in results})
     figures = []
@@ -863,6 +893,6 @@ def _figures(
         if any(h["kind"] == "epoch" for r in own for h in r.history):
             figures.append(plot_curves(method, own, colours, out / f"curves_{re.sub(r'[^A-Za-z0-9_.-]+', '_', method)}.png", metric))
     if summary:
-        figures.append(plot_retrogress(summary, out / "retrogress.png", reference, metric))
+        figures.append(plot_retrogress(summary, out / "retrogress.png", reference, metric, shared))
 
     return figures
