@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The bench plan of docs/results, one (method, seed) run at a time, so that it can be spread over days
+# and machines: each run is a `prrfl sweep --profile bench` of its own; after it finishes, its slim results
+# (benchmarks/keep_results.py: results.json, crosseval.json, the .done.json marker; no models) are copied
+# into docs/results/<folder>, and a run whose marker is there already is skipped. Order: for each seed, the
+# six dermoscopy methods, the three PRR ablations (Table IV), then the five prostate methods, so that a
+# partial plan is a complete comparison for its first seeds.
+#
+#   bash benchmarks/bench_sweep.sh                 # everything (about 12 hours on a 2-core machine)
+#   SEEDS="0" bash benchmarks/bench_sweep.sh       # one seed
+#   SWEEPS=/scratch/sweeps NICE=19 bash benchmarks/bench_sweep.sh
+#
+# Then: prrfl report docs/results/derm_bench/*_s[0-9] docs/results/derm_ablation/*/*_s[0-9] --out ...
+# A failed run is tried once more (a FLARE simulator worker can fail to start on a heavily loaded machine);
+# a second failure is printed and the plan goes on.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+sweeps=${SWEEPS:-$repo/sweeps}
+seeds=${SEEDS:-0 1 2}
+nice=${NICE:-0}
+
+run() {  # task seed method folder [--set KEY=VALUE ...]
+  local task=$1 seed=$2 method=$3 folder=$4
+  shift 4
+  local sites=4 ws=$sweeps/$folder dst=docs/results/$folder
+  [ "$task" = prostate ] && sites=5
+  if [ -f "$dst/${method}_s${seed}.done.json" ]; then echo "$folder ${method}_s$seed: kept already, skipped"; return 0; fi
+  mkdir -p "$dst" "$ws"
+  python benchmarks/keep_results.py "$dst" "$ws" > /dev/null  # the finished runs, so the report covers them
+  for attempt in 1 2; do
+    echo "$(date +%T) $folder ${method}_s$seed: attempt $attempt"
+    if nice -n "$nice" prrfl sweep --task "$task" --sites "$sites" --profile bench --methods "$method" --seeds "$seed" --workspace "$ws" "$@"; then
+      python benchmarks/keep_results.py "$ws" "$dst"
+      echo "$(date +%T) $folder ${method}_s$seed: kept in $dst"
+      return 0
+    fi
+  done
+  echo "$(date +%T) $folder ${method}_s$seed: FAILED twice; see $ws/${method}_s$seed.log"
+}
+
+for seed in $seeds; do
+  for method in prr fedavg fedbn fml fca harmofl; do run derm "$seed" "$method" derm_bench; done
+  run derm "$seed" prr derm_ablation/no_pfa --set method_args.pfa_enabled=false
+  run derm "$seed" prr derm_ablation/no_det --set method_args.det_enabled=false
+  run derm "$seed" prr derm_ablation/no_cpa --set method_args.cpa_global=false --set method_args.cpa_local=false
+  for method in prr fedavg fedbn fml harmofl; do run prostate "$seed" "$method" prostate_bench; done
+done
+echo "$(date +%T) bench plan done"
