@@ -10,7 +10,8 @@
 #   SEEDS="0" bash benchmarks/bench_sweep.sh       # one seed
 #   SWEEPS=/scratch/sweeps NICE=19 bash benchmarks/bench_sweep.sh
 #
-# Then: prrfl report docs/results/derm_bench/*_s[0-9] docs/results/derm_ablation/*/*_s[0-9] --out ...
+# After each run the reports of docs/results/{derm_bench,prostate_bench,derm_ablation}/report are rebuilt
+# from every run kept so far (the ablation report: PRR's own runs beside its variants).
 # A failed run is tried once more (a FLARE simulator worker can fail to start on a heavily loaded machine);
 # a second failure is printed and the plan goes on.
 set -uo pipefail
@@ -19,6 +20,15 @@ cd "$repo"
 sweeps=${SWEEPS:-$repo/sweeps}
 seeds=${SEEDS:-0 1 2}
 nice=${NICE:-0}
+
+reports() {  # each folder's report from every run kept so far (a sweep's own report covers its own runs)
+  local d
+  for d in derm_bench prostate_bench; do
+    ls -d docs/results/$d/*_s[0-9] > /dev/null 2>&1 && prrfl report docs/results/$d/*_s[0-9] --out docs/results/$d/report > /dev/null
+  done
+  ls -d docs/results/derm_ablation/*/prr_s[0-9] > /dev/null 2>&1 &&
+    prrfl report docs/results/derm_bench/prr_s[0-9] docs/results/derm_ablation/*/prr_s[0-9] --out docs/results/derm_ablation/report > /dev/null
+}
 
 run() {  # task seed method folder [--set KEY=VALUE ...]
   local task=$1 seed=$2 method=$3 folder=$4
@@ -32,6 +42,7 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
     echo "$(date +%T) $folder ${method}_s$seed: attempt $attempt"
     if nice -n "$nice" prrfl sweep --task "$task" --sites "$sites" --profile bench --methods "$method" --seeds "$seed" --workspace "$ws" "$@"; then
       python benchmarks/keep_results.py "$ws" "$dst"
+      reports
       echo "$(date +%T) $folder ${method}_s$seed: kept in $dst"
       return 0
     fi
