@@ -704,7 +704,6 @@ def plot_retrogress(
             capsize=4,
             color="tab:orange",
             alpha=0.85,
-            label="shared model (uploaded, then overwritten)",
         )
         labels = [f"{lab}\nshared {shared[m][0]:.1f} ± {shared[m][1]:.1f}" if m in shared else lab for lab, m in zip(labels, methods)]
         from matplotlib.patches import Patch
