@@ -14,7 +14,17 @@ import pytest
 from scipy import stats
 
 from prrfl.cli import main
-from prrfl.report import build_report, find_results, long_rows, retrogress_rows, retrogress_summary, table_ii, table_x
+from prrfl.report import (
+    PairedTest,
+    build_report,
+    find_results,
+    long_rows,
+    retrogress_rows,
+    retrogress_summary,
+    shared_drop_tests,
+    table_ii,
+    table_x,
+)
 from prrfl.sweep import SweepError, sweep
 
 DERM_METRICS = ("f1", "auc")
@@ -202,11 +212,26 @@ def test_the_shared_models_retrogress_stands_beside_the_reported_ones_where_runs
     report = build_report(workspaces, tmp_path / "report", methods=["prr", "fedavg"]).read_text()
     table = report.split("## Retrogress after communication")[1]
     assert "shared model's drop" in table
-    assert cell(table, "prr") == ["prr", "0.00", "0.00", "16", "5.50", f"{statistics.stdev([4, 5, 6, 7] * 4):.2f}", "16"]
-    assert cell(table, "fedavg")[4:] == ["–", "–", "–"]
+    assert cell(table, "prr") == ["prr", "0.00", "0.00", "16", "5.50", f"{statistics.stdev([4, 5, 6, 7] * 4):.2f}", "16", "–"]
+    assert cell(table, "fedavg")[4:] == ["–", "–", "–", "–"]
     with open(tmp_path / "report" / "retrogress.csv") as f:
         models = [row["model"] for row in csv.DictReader(f)]
     assert models.count("reported") == 32 and models.count("shared") == 16
+
+
+def test_the_shared_models_drops_are_paired_by_site_seed_and_round_against_the_reference():
+    """PRR without PFA loses 1..8 points more than PRR in 8 (site, seed, round) pairs, all one way: the exact
+    two-sided Wilcoxon p is 2 / 2**8; a pair only one of them recorded is left out."""
+
+    def row(method, cohort, seed, rnd, drop):
+        return {"method": method, "cohort": cohort, "seed": seed, "round": rnd, "drop": drop}
+
+    keys = [(c, s, r) for c in "AB" for s in (0, 1) for r in (1, 2)]
+    rows = [row("prr", *k, 2.0) for k in keys] + [row("prr[pfa_enabled=false]", *k, 2.0 + i + 1) for i, k in enumerate(keys)]
+    rows.append(row("prr[pfa_enabled=false]", "C", 0, 1, 50.0))  # PRR has no C: unpaired
+    tests = shared_drop_tests(rows, ["prr", "prr[pfa_enabled=false]", "fedavg"], "prr")
+    assert set(tests) == {"prr[pfa_enabled=false]"}
+    assert tests["prr[pfa_enabled=false]"] == PairedTest(pytest.approx(2 / 2**8), "Wilcoxon", 8)
 
 
 def test_ablations_rank_the_variants_against_the_full_method(workspaces, tmp_path):

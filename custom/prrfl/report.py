@@ -528,19 +528,37 @@ def retrogress_summary(drops: Sequence[dict[str, Any]], methods: Sequence[str]) 
     return summary
 
 
+def shared_drop_tests(shared_drops: Sequence[dict[str, Any]], methods: Sequence[str], reference: str) -> dict[str, PairedTest]:
+    """method -> paired test of its shared model's drops against the reference's, pairing the drops of one
+    (site, seed, round): did the download hurt the uploaded model more or less than the reference's?"""
+    by_method: dict[str, dict[tuple[str, int, int], float]] = defaultdict(dict)
+    for row in shared_drops:
+        by_method[row["method"]][(row["cohort"], row["seed"], row["round"])] = row["drop"]
+    ref = by_method.get(reference, {})
+    return {m: paired_test(by_method[m], ref) for m in methods if m != reference and m in by_method}
+
+
 def retrogress_table(
-    summary: dict[str, tuple[float, float, int]], metric: str, shared: dict[str, tuple[float, float, int]] | None = None
+    summary: dict[str, tuple[float, float, int]],
+    metric: str,
+    shared: dict[str, tuple[float, float, int]] | None = None,
+    shared_p: dict[str, PairedTest] | None = None,
+    reference: str = "prr",
 ) -> str:
     """The reported models' drops (`summary`) and, beside them, the shared models' (`shared`, when any run
-    recorded them): the drop that PFA is meant to soften is the shared model's."""
+    recorded them) with their paired test against the reference's (`shared_p`): the drop that PFA is meant
+    to soften is the shared model's."""
     if not summary:
         return "No per-epoch test records (eval_test_every_epoch) in these results: no retrogress measure."
-    shared = shared or {}
+    shared, shared_p = shared or {}, shared_p or {}
 
     def cells(stats: tuple[float, float, int] | None) -> list[str]:
         return [f"{stats[0]:.2f}", f"{stats[1]:.2f}", str(stats[2])] if stats else [MISSING] * 3
 
-    body = [[m, *cells(summary[m])] + (cells(shared.get(m)) if shared else []) for m in summary]
+    def shared_cells(m: str) -> list[str]:
+        return [*cells(shared.get(m)), str(shared_p[m]) if m in shared_p else MISSING]
+
+    body = [[m, *cells(summary[m])] + (shared_cells(m) if shared else []) for m in summary]
     header = ["method", f"mean {label(metric)} drop", "std", "n"]
     note = (
         f"Drop = test {label(metric)} after the last local epoch of round r-1 minus test {label(metric)} right "
@@ -548,13 +566,14 @@ def retrogress_table(
         "Positive = the download made the evaluated model worse."
     )
     if shared:
-        header += ["shared model's drop", "std", "n"]
+        header += ["shared model's drop", "std", "n", f"p (vs {reference})"]
         note += (
             " The first columns are the model each site reports (PRR: the personalized model, which DET keeps); "
             "the shared model is the one a site uploads and the download overwrites (PRR: the deputy, which "
             "receives PFA's output, or with pfa_enabled=false the plain average; the reported model itself "
             f"for most methods), its test {label(metric)} as uploaded at the end of round r-1 minus right after the "
-            f"download of round r. {MISSING}: runs that did not record it."
+            f"download of round r. {MISSING}: runs that did not record it. p: two-sided paired test of the shared "
+            f"model's drops against {reference}'s, one pair per (site, seed, round) both recorded (Table II's test)."
         )
     return _markdown(header, body) + "\n\n" + note
 
@@ -841,6 +860,7 @@ def build_report(
     write_csv(rows, LONG_FIELDS, out / "results_long.csv")
     write_csv(drops + shared_drops, RETROGRESS_FIELDS, out / "retrogress.csv")
     summary, shared_summary = retrogress_summary(drops, order), retrogress_summary(shared_drops, order)
+    shared_p = shared_drop_tests(shared_drops, order, reference)
     figures = _figures(results, curves or order, summary, out, reference, primary, shared_summary)
     overlays = plot_overlays(results, order, out / "overlays.png", facts.site_names)  # segmentation runs write examples
     figures += [overlays] if overlays else []
@@ -870,7 +890,7 @@ def build_report(
     if minority:
         sections.append(f"## Class imbalance: the rarest class's recall\n\n{minority}\n")
     sections += [
-        f"## Retrogress after communication\n\n{retrogress_table(summary, primary, shared_summary)}\n",
+        f"## Retrogress after communication\n\n{retrogress_table(summary, primary, shared_summary, shared_p, reference)}\n",
         "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n",
     ]
     return save_text("\n".join(sections), out / "report.md")
