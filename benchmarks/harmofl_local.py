@@ -43,23 +43,9 @@ def first_round(task_name: str, cohort: str, epochs: int, variant: str, state_di
     cfg = RunConfig.from_dict(settings)
     task = build_task(cfg)
     method = build_method(cfg, task)
-    torch.manual_seed(0)
-    models = {role: method.build_model() for role in method.roles}
-    site = SiteRuntime(
-        name=cohort,
-        cfg=cfg,
-        task=task,
-        method=method,
-        data=task.load_site(cohort, torch.device("cpu"), None),
-        device=torch.device("cpu"),
-        state_dir=state_dir / variant,
-        models=models,
-        optimizers={role: method.build_optimizer(m) for role, m in models.items()},
-        generator=torch.Generator().manual_seed(1),
-        run_id="harmofl-local",
-        log_scalar=lambda *a: None,
-    )
-    run_round(site, Download(params=models[method.upload_role].state_dict(), round=0), 0)
+    data = task.load_site(cohort, torch.device("cpu"), None)
+    site = SiteRuntime.start(cohort, cfg, task, method, data, state_dir / variant, model_seed=0, generator_seed=1, run_id="harmofl-local")
+    run_round(site, Download(params=site.models[method.upload_role].state_dict(), round=0), 0)
     return [h["test"][task.primary_metric] for h in site.history if h["kind"] == "epoch"]
 
 

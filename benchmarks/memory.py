@@ -54,25 +54,10 @@ def one_site(job: str, overrides: list[str], cohort: str, chunk: int) -> dict:
     method = build_method(cfg, task)
     data = task.load_site(cohort, device, None)
     after_data = psutil.Process().memory_info().rss
-    torch.manual_seed(cfg.seed)
-    models = {role: method.build_model() for role in method.roles}
-    # the first download as the workflow sends it: the initial model, the round, the federation's class counts
-    initial = Download(params=models[method.roles[0]].state_dict(), round=0, global_class_counts=data.class_counts)
     with tempfile.TemporaryDirectory() as state:
-        site = SiteRuntime(
-            name="site",
-            cfg=cfg,
-            task=task,
-            method=method,
-            data=data,
-            device=device,
-            state_dir=Path(state),
-            models=models,
-            optimizers={r: method.build_optimizer(m) for r, m in models.items()},
-            generator=torch.Generator().manual_seed(cfg.seed),
-            run_id="memory",
-            eval_batch_size=chunk,
-        )
+        site = SiteRuntime.start("site", cfg, task, method, data, Path(state), model_seed=cfg.seed, run_id="memory", eval_batch_size=chunk)
+        # the first download as the workflow sends it: the initial model, the round, the federation's class counts
+        initial = Download(params=site.models[method.roles[0]].state_dict(), round=0, global_class_counts=data.class_counts)
         tick = time.perf_counter()
         run_round(site, initial, 0)
         seconds = time.perf_counter() - tick

@@ -151,22 +151,16 @@ def make_runtime(task: TinyTask, tmp_path, site: str = "A", run_id: str = "run",
     from prrfl.site.state import SiteRuntime
 
     cfg = RunConfig.from_dict({"task": "tiny", "num_rounds": 3, "local_epochs": 2, "batch_size": 8, "lr": 0.05, **cfg_overrides})
-    method = build_method(cfg, task)
-    torch.manual_seed(123)
-    models = {role: method.build_model() for role in method.roles}
-    optimizers = {role: method.build_optimizer(m) for role, m in models.items()}
     scalars: list[tuple[str, float, int]] = []
-    runtime = SiteRuntime(
-        name=site,
-        cfg=cfg,
-        task=task,
-        method=method,
-        data=task.load_site(site, torch.device("cpu")),
-        device=torch.device("cpu"),
-        state_dir=tmp_path / site,
-        models=models,
-        optimizers=optimizers,
-        generator=torch.Generator().manual_seed(7),
+    runtime = SiteRuntime.start(
+        site,
+        cfg,
+        task,
+        build_method(cfg, task),
+        task.load_site(site, torch.device("cpu")),
+        tmp_path / site,
+        model_seed=123,
+        generator_seed=7,
         run_id=run_id,
         log_scalar=lambda tag, value, step: scalars.append((tag, value, step)),
     )

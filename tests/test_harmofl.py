@@ -31,21 +31,16 @@ def harmofl_site(task, tmp_path, site: str = "A", **options) -> SiteRuntime:
             "eval_test_every_epoch": False,
         }
     )
-    method = HarmoFL(cfg, task, **options)
-    torch.manual_seed(123)
-    models = {role: method.build_model() for role in method.roles}
     scalars: list = []
-    runtime = SiteRuntime(
-        name=site,
-        cfg=cfg,
-        task=task,
-        method=method,
-        data=task.load_site(site, torch.device("cpu")),
-        device=torch.device("cpu"),
-        state_dir=tmp_path / site,
-        models=models,
-        optimizers={role: method.build_optimizer(m) for role, m in models.items()},
-        generator=torch.Generator().manual_seed(7),
+    runtime = SiteRuntime.start(
+        site,
+        cfg,
+        task,
+        HarmoFL(cfg, task, **options),
+        task.load_site(site, torch.device("cpu")),
+        tmp_path / site,
+        model_seed=123,
+        generator_seed=7,
         run_id="run",
         log_scalar=lambda tag, value, step: scalars.append((tag, value, step)),
     )

@@ -96,21 +96,16 @@ def build_runtime(site: str, meta: dict, local: SiteConfig, writer: SummaryWrite
     if data.num_train < 1:
         source = local.data_root or "the embedded synthetic federation"
         raise ValueError(f"site {site}: cohort {data.cohort} has no training {task.sample_noun} in {source}")
-    torch.manual_seed(seed_for(cfg.seed, data.cohort))
-    models = {role: method.build_model().to(device) for role in method.roles}
-    optimizers = {role: method.build_optimizer(m) for role, m in models.items()}
-    runtime = SiteRuntime(
-        name=site,
-        cfg=cfg,
-        task=task,
-        method=method,
-        data=data,
+    runtime = SiteRuntime.start(
+        site,
+        cfg,
+        task,
+        method,
+        data,
+        state_dir,
+        model_seed=seed_for(cfg.seed, data.cohort),
         device=device,
-        state_dir=state_dir,
         output_dir=places.output_dir(workspace, cfg.run_name),
-        models=models,
-        optimizers=optimizers,
-        generator=torch.Generator().manual_seed(seed_for(cfg.seed, data.cohort)),
         run_id=meta[P.RUN_ID],
         data_root=local.data_root,
         eval_batch_size=local.eval_batch_size,

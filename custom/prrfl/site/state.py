@@ -128,6 +128,33 @@ class SiteRuntime:
     ood: dict[str, float] | None = None  # best model on the out-of-distribution cohort, after the last round
     history: list[dict[str, Any]] = field(default_factory=list)
 
+    @classmethod
+    def start(
+        cls,
+        name: str,
+        cfg: RunConfig,
+        task: Task,
+        method: Method,
+        data: SiteData,
+        state_dir: Path,
+        *,
+        model_seed: int,
+        generator_seed: int | None = None,
+        device: torch.device | None = None,
+        **fields: Any,
+    ) -> SiteRuntime:
+        """A site at the start of a run: the method's models, built under `torch.manual_seed(model_seed)`
+        (so every site with the same seed starts from the same weights), their optimizers, and the
+        generator of batch orders and augmentations, seeded with `generator_seed` (default `model_seed`).
+        `fields` are the other fields (run_id, log_scalar, ...). A FLARE site (`prrfl.flare.site_app`)
+        then restores its state; benchmarks and tests use the site as it is."""
+        device = device or torch.device("cpu")
+        torch.manual_seed(model_seed)
+        models = {role: method.build_model().to(device) for role in method.roles}
+        optimizers = {role: method.build_optimizer(m) for role, m in models.items()}
+        generator = torch.Generator().manual_seed(model_seed if generator_seed is None else generator_seed)
+        return cls(name, cfg, task, method, data, device, state_dir, models, optimizers, generator, **fields)
+
     def view(self) -> SiteView:
         """What the method's hooks see of this site: its current models, optimisers and memory (`restore`
         replaces the memory, so a view is taken per round, after it)."""
