@@ -4,7 +4,9 @@
 # (benchmarks/keep_results.py: results.json, crosseval.json, the .done.json marker; no models) are copied
 # into docs/results/<folder>, and a run whose marker is there already is skipped. Order: for each seed, the
 # six dermoscopy methods, the three PRR ablations (Table IV), then the five prostate methods, so that a
-# partial plan is a complete comparison for its first seeds.
+# partial plan is a complete comparison for its first seeds. Seed 0 also runs PRR and FedAvg on both tasks
+# with the same 20 epochs in 4 rounds of 5 (folders *_bench_e5): with the profile's 2 epochs per round
+# DET never reaches its Sublimate phase.
 #
 #   bash benchmarks/bench_sweep.sh                 # everything (about 12 hours on a 2-core machine)
 #   SEEDS="0" bash benchmarks/bench_sweep.sh       # one seed
@@ -23,7 +25,7 @@ nice=${NICE:-0}
 
 reports() {  # each folder's report from every run kept so far (a sweep's own report covers its own runs)
   local d
-  for d in derm_bench prostate_bench; do
+  for d in derm_bench prostate_bench derm_bench_e5 prostate_bench_e5; do
     ls -d docs/results/$d/*_s[0-9] > /dev/null 2>&1 && prrfl report docs/results/$d/*_s[0-9] --out docs/results/$d/report > /dev/null
   done
   ls -d docs/results/derm_ablation/*/prr_s[0-9] > /dev/null 2>&1 &&
@@ -52,6 +54,12 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
 
 for seed in $seeds; do
   for method in prr fedavg fedbn fml fca harmofl; do run derm "$seed" "$method" derm_bench; done
+  if [ "$seed" = 0 ]; then  # the same 20 epochs in rounds of 5, where DET can reach Sublimate (a round's 3rd epoch on)
+    for method in prr fedavg; do
+      run derm 0 "$method" derm_bench_e5 --set local_epochs=5 --set num_rounds=4
+      run prostate 0 "$method" prostate_bench_e5 --set local_epochs=5 --set num_rounds=4
+    done
+  fi
   run derm "$seed" prr derm_ablation/no_pfa --set method_args.pfa_enabled=false
   run derm "$seed" prr derm_ablation/no_det --set method_args.det_enabled=false
   run derm "$seed" prr derm_ablation/no_cpa --set method_args.cpa_global=false --set method_args.cpa_local=false
