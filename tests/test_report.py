@@ -333,6 +333,8 @@ def test_sweep_skips_runs_that_finished_with_the_same_config_and_reruns_a_change
     first = FakeSimulator()
     sweep(["prr"], [0, 1], tmp_path, sites=4, overrides=["num_rounds=3"], runner=first)
     assert len(first.commands) == 2 and (tmp_path / "prr_s0.done.json").exists()
+    marker = json.loads((tmp_path / "prr_s0.done.json").read_text())
+    assert marker["config"]["seed"] == 0 and marker["sites"] == 4 and marker["simulator_seconds"] >= 0
     again = FakeSimulator()
     sweep(["prr"], [0, 1, 2], tmp_path, sites=4, overrides=["num_rounds=3"], runner=again)
     assert [c["seed"] for c in again.configs] == [2]  # seeds 0 and 1 are done

@@ -8,7 +8,7 @@ prrfl.report, exactly as `prrfl report` does for hand-made runs. Layout under th
     jobs/<method>_s<seed>/<task>_<method>/ the job that ran (its config is the record of the run)
     <method>_s<seed>/                      the simulator workspace
     <method>_s<seed>.log                   the simulator's output
-    <method>_s<seed>.done.json             the config of a run that finished (written last)
+    <method>_s<seed>.done.json             the config of a run that finished and its simulator's wall time (written last)
     <method>_s<seed>/prrfl/<run>/crosseval.json   FCA's generalization/specialization protocol (prrfl.crosseval)
     report/                                report.md, results_long.csv, retrogress.csv, PNGs
 
@@ -81,7 +81,8 @@ class SweepRun:
             done = load_json(self.done_marker)
         except (OSError, ValueError):
             return False
-        return done == {"config": self.cfg.to_dict(), "sites": sites} and finished_sites(self) >= sites
+        same = isinstance(done, dict) and done.get("config") == self.cfg.to_dict() and done.get("sites") == sites
+        return same and finished_sites(self) >= sites
 
 
 def job_name(task: str, method: str) -> str:
@@ -162,13 +163,14 @@ def sweep(
         done = finished_sites(run)
         if done < sites:
             raise SweepError(f"run {run.name}: only {done} of {sites} sites finished all {run.cfg.num_rounds} rounds; see {run.log}")
-        print(f"[{i}/{len(runs)}] {run.name}: done in {time.perf_counter() - tick:.0f} s", flush=True)
+        seconds = time.perf_counter() - tick
+        print(f"[{i}/{len(runs)}] {run.name}: done in {seconds:.0f} s", flush=True)
         try:  # FCA's protocol, while the run's files are at hand; the report computes what is missing
             for path in write_crosseval(run.workspace):
                 print(f"[{i}/{len(runs)}] {run.name}: {summary_line(load_json(path))}", flush=True)
         except (OSError, ValueError, RuntimeError) as e:
             print(f"[{i}/{len(runs)}] {run.name}: no generalization/specialization evaluation: {e}", flush=True)
-        save_json({"config": run.cfg.to_dict(), "sites": sites}, run.done_marker)
+        save_json({"config": run.cfg.to_dict(), "sites": sites, "simulator_seconds": round(seconds, 1)}, run.done_marker)
     labels = list(dict.fromkeys(variant_label(run.method, run.cfg.method_args) for run in runs))  # as the results name them
     report = build_report([run.workspace for run in runs], root / "report", methods=labels, task=task)
     print(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; report: {report}", flush=True)
