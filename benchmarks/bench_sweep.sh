@@ -15,7 +15,8 @@
 # After each run the reports of docs/results/{derm_bench,prostate_bench,derm_ablation}/report are rebuilt
 # from every run kept so far (the ablation report: PRR's own runs beside its variants).
 # A failed run is tried once more (a FLARE simulator worker can fail to start on a heavily loaded machine);
-# a second failure is printed and the plan goes on.
+# a second failure is printed and the plan goes on, unless the run before failed too (a full disk fails
+# every run in seconds): then the plan stops.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -46,11 +47,18 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
       python benchmarks/keep_results.py "$ws" "$dst"
       reports
       echo "$(date +%T) $folder ${method}_s$seed: kept in $dst"
+      failed_in_a_row=0
       return 0
     fi
   done
   echo "$(date +%T) $folder ${method}_s$seed: FAILED twice; see $ws/${method}_s$seed.log"
+  failed_in_a_row=$((failed_in_a_row + 1))
+  if [ "$failed_in_a_row" -ge 2 ]; then  # two runs in a row: the machine (disk, memory), not one run
+    echo "$(date +%T) two runs in a row failed twice: the plan stops here (check the machine, then start it again)"
+    exit 1
+  fi
 }
+failed_in_a_row=0
 
 for seed in $seeds; do
   for method in prr fedavg fedbn fml fca harmofl; do run derm "$seed" "$method" derm_bench; done
