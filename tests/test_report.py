@@ -442,6 +442,11 @@ def test_minority_recall_names_the_most_imbalanced_site_and_averages_each_sites_
     assert lines[0] == "| method | seeds | site A: recall of mel | mean over sites of the rarest class's recall |"
     assert lines[2] == "| prr | 2 | 30.00 ± 14.14 | 40.00 ± 14.14 |"  # A: 20, 40; per seed (20+40)/2=30, (40+60)/2=50
     assert lines[3].startswith("| fedavg | 1 | 0.00") and "15.00" in lines[3]
+    # against prr: the pairs (A, 0) 0 vs 20 and (B, 0) 30 vs 40; differences -20, -10: t = -15 / (7.071 / sqrt 2) = -3
+    # with 1 degree of freedom, two-sided p = 1 - 2 atan(3) / pi = 0.2048
+    lines = minority_recall_table(results, ["prr", "fedavg"], ("nv", "bkl", "mel"), reference="prr").splitlines()
+    assert lines[0].endswith("| p (vs prr) |")
+    assert lines[2].endswith("| 40.00 ± 14.14 | – |") and lines[3].endswith("| 15.00 | 0.205 (t, n=2) |")
     assert "Site A is the most imbalanced (90 nv, 9 bkl, 1 mel training images)" in table
     assert minority_recall_table([site("prr", 0, "A", [90, 9, 1], [])], ["prr"], ("nv", "bkl", "mel")) is None  # no recall kept
 

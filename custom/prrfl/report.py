@@ -485,10 +485,13 @@ def table_x(rows: Sequence[dict[str, Any]], methods: Sequence[str], cohort: str,
     return _markdown(header, body) + "\n\n" + note
 
 
-def minority_recall_table(results: Sequence[SiteResult], methods: Sequence[str], class_names: Sequence[str]) -> str | None:
+def minority_recall_table(
+    results: Sequence[SiteResult], methods: Sequence[str], class_names: Sequence[str], reference: str | None = None
+) -> str | None:
     """Each site's rarest training class (fewest images, at least one) and its test recall at the site's best
     validation round: at the most imbalanced site (the largest ratio of its commonest to its rarest class),
-    and averaged over the sites. None when the results hold no per-class recall."""
+    and averaged over the sites; with a reference, the paired test of each (site, seed)'s recall against the
+    reference's. None when the results hold no per-class recall."""
     counts = {r.cohort: r.class_counts for r in results if r.class_counts and len(r.class_counts) == len(class_names)}
     rarest = {c: min((n, k) for k, n in enumerate(cc) if n > 0)[1] for c, cc in counts.items() if any(cc)}
     tests = [(r, (r.best or {}).get("test") or {}) for r in results if r.cohort in rarest]
@@ -500,20 +503,27 @@ def minority_recall_table(results: Sequence[SiteResult], methods: Sequence[str],
     def recall(r: SiteResult, test: dict[str, float]) -> float:
         return test.get(f"recall_{class_names[rarest[r.cohort]]}", math.nan)
 
+    by_key = {m: {(r.cohort, r.seed): recall(r, t) for r, t in tests if r.method == m} for m in methods}
     body = []
     for method in methods:
-        own = [(r, t) for r, t in tests if r.method == method]
-        at_worst = [recall(r, t) for r, t in own if r.cohort == worst]
-        by_seed: dict[int, list[float]] = {}
-        for r, t in own:
-            by_seed.setdefault(r.seed, []).append(recall(r, t))
-        body.append([method, str(len(at_worst)), mean_std(at_worst), mean_std([nanmean(v) for v in by_seed.values()])])
+        own = by_key[method]
+        at_worst = _cohort_values(own, worst)
+        row = [method, str(len(at_worst)), mean_std(at_worst), mean_std(_seed_averages(own))]
+        if reference is not None:
+            row.append(MISSING if method == reference else str(paired_test(own, by_key.get(reference, {}))))
+        body.append(row)
     header = ["method", "seeds", f"site {worst}: recall of {name}", "mean over sites of the rarest class's recall"]
+    header += [f"p (vs {reference})"] if reference is not None else []
     cc = ", ".join(f"{n} {k}" for n, k in zip(counts[worst], class_names))
     note = (
         f"Site {worst} is the most imbalanced ({cc} training images); its rarest class is {name}. Test recall (%) of "
         "each site's model at its best validation round, mean ± sample std over seeds; the last column averages each "
         "site's recall of its own rarest training class first. A class imbalance method (CPA, FCA's prior) should raise it."
+        + (
+            " p: two-sided paired test of each (site, seed)'s rarest-class recall against the reference's (Table II's test)."
+            if reference
+            else ""
+        )
     )
     return _markdown(header, body) + "\n\n" + note
 
@@ -886,7 +896,7 @@ def build_report(
             + "\n\n".join(matrices)
             + "\n\nMean ± sample std over seeds; the diagonal is each site's own test split (Table II).\n"
         )
-    minority = minority_recall_table(results, order, facts.class_names)  # None for tasks without per-class recall
+    minority = minority_recall_table(results, order, facts.class_names, reference)  # None for tasks without per-class recall
     if minority:
         sections.append(f"## Class imbalance: the rarest class's recall\n\n{minority}\n")
     sections += [
