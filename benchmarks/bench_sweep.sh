@@ -8,7 +8,7 @@
 # with the same 20 epochs in 4 rounds of 5 (folders *_bench_e5): with the profile's 2 epochs per round
 # DET never reaches its Sublimate phase.
 #
-#   bash benchmarks/bench_sweep.sh                 # everything (42 runs, about 8.4 h of simulator time on a 2-core machine)
+#   bash benchmarks/bench_sweep.sh                 # everything (42 bench runs, 8.4 h of simulator time on a 2-core machine, and the 4 rounds-of-5 runs)
 #   SEEDS="0" bash benchmarks/bench_sweep.sh       # one seed
 #   SWEEPS=/scratch/sweeps NICE=19 bash benchmarks/bench_sweep.sh
 #
