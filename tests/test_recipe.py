@@ -19,7 +19,7 @@ from nvflare.recipe.spec import Recipe
 
 from prrfl.config import ConfigError
 from prrfl.flare.jobs import job_config, job_files
-from prrfl.flare.recipe import PACKAGE, PersonalizedRecipe, environment, export_job
+from prrfl.flare.recipe import PACKAGE, PersonalizedRecipe, end_poc_processes, environment, export_job
 from prrfl.sweep import simulator_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,6 +136,25 @@ def test_privacy_filter_and_bundled_package_in_the_recipe(tmp_path):
     assert shipped == {p.relative_to(PACKAGE) for p in PACKAGE.rglob("*.py")}  # the whole package, not a traced part
     assert not list(job.rglob("__pycache__"))
     assert (job / "app/custom/prrfl_site.py").exists()
+
+
+def test_after_a_poc_job_every_poc_process_is_awaited_and_one_that_stays_is_ended(tmp_path):
+    """FLARE's POC stop returns with the server down while a site's start-up loop may still be polling;
+    `prrfl run --env poc` waits for it (no time limit reached here, however slow the machine) and ends
+    what outlives the limit. Only processes naming the POC workspace are followed."""
+    poc = tmp_path / "poc"
+    site, server = poc / "example_project" / "prod_00" / "site-1", poc / "example_project" / "prod_00" / "server"
+    site.mkdir(parents=True)
+    server.mkdir()
+    loop = subprocess.Popen(["bash", "-c", "sleep 1", str(site / "startup" / "sub_start.sh")])
+    (site / "daemon_pid.fl").write_text(f"{loop.pid}\n")
+    (server / "pid.fl").write_text(f"{os.getpid()}\n")  # a pid that is not the POC's (e.g. reused): never touched
+    assert end_poc_processes(poc, timeout=300.0) == [] and loop.poll() is not None  # it ended by itself
+    stays = subprocess.Popen(["bash", "-c", "sleep 600", str(site / "startup" / "sub_start.sh")])
+    (site / "daemon_pid.fl").write_text(f"{stays.pid}\n")
+    (site / "pid.fl").write_text("not a pid\n")
+    assert end_poc_processes(poc, timeout=0.1) == [stays.pid]
+    assert stays.poll() is not None  # ended and reaped (end_poc_processes waits for what it kills)
 
 
 def test_environments_of_each_kind_and_their_refusals(tmp_path):

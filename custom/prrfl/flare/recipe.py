@@ -20,6 +20,7 @@ bundle=True ships the whole package in the job's custom/ folder instead, for sit
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -30,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
 from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE
 from nvflare.apis.dxo import DataKind
 from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
@@ -274,12 +276,37 @@ def server_results(result: str | Path) -> dict[str, Any]:
     return json.loads(server_results_path(result).read_text())
 
 
+def end_poc_processes(poc_workspace: str | Path, timeout: float = 30.0) -> list[int]:
+    """Wait until every process of a POC deployment has ended; end those still there after timeout seconds.
+
+    FLARE's POC stop returns once the server is down. Each participant runs under a start-up loop
+    (startup/sub_start.sh, its pid in daemon_pid.fl, its FLARE process's in pid.fl) that sees its process
+    gone only at its next 5 s poll, so a site's loop can outlive the stop by several seconds. A pid is
+    only followed while its command line names the POC workspace (a pid file left behind may name a
+    reused pid). Returns the pids that had to be ended."""
+    root = str(Path(poc_workspace).resolve())
+    procs = []
+    for pid_file in sorted(Path(root).glob("*/prod_*/*/*pid.fl")):
+        try:
+            proc = psutil.Process(int(pid_file.read_text().strip()))
+            if any(root in part for part in proc.cmdline()):
+                procs.append(proc)
+        except (OSError, ValueError, psutil.Error):  # removed, unreadable or ended meanwhile
+            continue
+    _, left = psutil.wait_procs(procs, timeout=timeout)
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(left, timeout=10.0)
+    return [p.pid for p in left]
+
+
 def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -> tuple[str, Path, dict[str, Any]]:
     """Run the recipe on env and wait for the end: (FLARE job status, result folder, the server's
     results.json). A simulator run is over when execute returns; a POC or production job is followed
     (timeout seconds, 0: no limit) and its server workspace downloaded. The POC workspace is kept (it
     holds the sites' state and logs); the POC processes are stopped."""
-    from nvflare.recipe import SimEnv
+    from nvflare.recipe import PocEnv, SimEnv
 
     if isinstance(env, SimEnv):  # refuse before the simulator empties a workspace another job is running in
         workspace = Path(env.workspace_root) / recipe.name
@@ -296,7 +323,11 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
     if isinstance(env, SimEnv):
         status, result = "FINISHED:COMPLETED", env.get_job_result(run.get_job_id())
     else:
-        result = run.get_result(timeout=timeout, clean_up=False)
+        try:
+            result = run.get_result(timeout=timeout, clean_up=False)
+        finally:
+            if isinstance(env, PocEnv):
+                end_poc_processes(env.poc_workspace)
         status = run.get_status() or "unknown"
         if result is None:
             raise CommandFailed(f"job {run.get_job_id()} ({recipe.name}) did not finish within {timeout:.0f} s (status {status})")
