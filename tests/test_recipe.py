@@ -146,11 +146,12 @@ def test_after_a_poc_job_every_poc_process_is_awaited_and_one_that_stays_is_ende
     site, server = poc / "example_project" / "prod_00" / "site-1", poc / "example_project" / "prod_00" / "server"
     site.mkdir(parents=True)
     server.mkdir()
-    loop = subprocess.Popen(["bash", "-c", "sleep 1", str(site / "startup" / "sub_start.sh")])
+    # a loop as sub_start.sh's (a single `sleep` would let bash exec it, dropping the path from the command line)
+    loop = subprocess.Popen(["bash", "-c", "for i in 1 2 3 4 5; do sleep 0.2; done", str(site / "startup" / "sub_start.sh")])
     (site / "daemon_pid.fl").write_text(f"{loop.pid}\n")
     (server / "pid.fl").write_text(f"{os.getpid()}\n")  # a pid that is not the POC's (e.g. reused): never touched
     assert end_poc_processes(poc, timeout=300.0) == [] and loop.poll() is not None  # it ended by itself
-    stays = subprocess.Popen(["bash", "-c", "sleep 600", str(site / "startup" / "sub_start.sh")])
+    stays = subprocess.Popen(["bash", "-c", "while :; do sleep 1; done", str(site / "startup" / "sub_start.sh")])
     (site / "daemon_pid.fl").write_text(f"{stays.pid}\n")
     (site / "pid.fl").write_text("not a pid\n")
     assert end_poc_processes(poc, timeout=0.1) == [stays.pid]

@@ -20,7 +20,6 @@ bundle=True ships the whole package in the job's custom/ folder instead, for sit
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import json
@@ -44,6 +43,7 @@ from nvflare.job_config.file_source import FileSource
 from nvflare.recipe.spec import ExecEnv, Recipe
 
 from prrfl.config import ConfigError, RunConfig, unknown_names_error
+from prrfl.deploy import kill_process_tree
 from prrfl.errors import CommandFailed
 from prrfl.flare import places
 from prrfl.flare.cross_site import CrossSiteEvaluation
@@ -283,7 +283,7 @@ def end_poc_processes(poc_workspace: str | Path, timeout: float = 30.0) -> list[
     (startup/sub_start.sh, its pid in daemon_pid.fl, its FLARE process's in pid.fl) that sees its process
     gone only at its next 5 s poll, so a site's loop can outlive the stop by several seconds. A pid is
     only followed while its command line names the POC workspace (a pid file left behind may name a
-    reused pid). Returns the pids that had to be ended."""
+    reused pid). Those still there are killed with their descendants. Returns the pids that had to be ended."""
     root = str(Path(poc_workspace).resolve())
     procs = []
     for pid_file in sorted(Path(root).glob("*/prod_*/*/*pid.fl")):
@@ -295,9 +295,7 @@ def end_poc_processes(poc_workspace: str | Path, timeout: float = 30.0) -> list[
             continue
     _, left = psutil.wait_procs(procs, timeout=timeout)
     for proc in left:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(left, timeout=10.0)
+        kill_process_tree(proc.pid, grace=0)
     return [p.pid for p in left]
 
 
