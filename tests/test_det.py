@@ -6,7 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prrfl.algorithms.det import DET_METRIC_SPLITS, Phase, distillation_targets, kl_distillation, next_phase
+from prrfl.algorithms.det import (
+    DET_METRIC_SPLITS,
+    DISTILLATIONS,
+    Phase,
+    distillation,
+    distillation_targets,
+    kl_distillation,
+    mse_distillation,
+    next_phase,
+)
 
 R, E, S = Phase.RECOVER, Phase.EXCHANGE, Phase.SUBLIMATE
 P = 80.0  # personal score; l1 * P = 56, l2 * P = 72 with the defaults
@@ -108,3 +117,26 @@ def test_kl_rejects_bad_inputs():
         kl_distillation(torch.randn(3, 4), torch.randn(3, 5))
     with pytest.raises(ValueError):
         kl_distillation(torch.randn(3, 4), torch.randn(3, 4), temperature=0.0)
+
+
+def test_mse_distillation_is_the_mean_squared_difference_of_the_softmax_maps():
+    # two pixels, two classes: softmax([0, 0]) = (.5, .5), softmax([0, ln 3]) = (.25, .75)
+    student = torch.zeros(1, 2, 1, 2)
+    teacher = torch.tensor([[[[0.0, 0.0]], [[0.0, float(torch.log(torch.tensor(3.0)))]]]])
+    # squared differences: pixel 1: 0, 0; pixel 2: (.5 - .25)^2 = (.5 - .75)^2 = 1/16; mean over 4 entries
+    expected = torch.tensor(2 / 16 / 4)
+    torch.testing.assert_close(mse_distillation(student, teacher), expected)
+    torch.testing.assert_close(distillation(student, teacher, "mse"), expected)
+    torch.testing.assert_close(distillation(student, teacher, "kl"), kl_distillation(student, teacher))
+
+
+def test_mse_distillation_gives_no_gradient_to_the_teacher_and_rejects_bad_inputs():
+    student = torch.randn(3, 2, requires_grad=True)
+    teacher = torch.randn(3, 2, requires_grad=True)
+    mse_distillation(student, teacher).backward()
+    assert teacher.grad is None and student.grad is not None
+    with pytest.raises(ValueError, match="same"):
+        mse_distillation(torch.randn(3, 4), torch.randn(3, 5))
+    with pytest.raises(ValueError, match="distillation must be one of"):
+        distillation(torch.randn(3, 4), torch.randn(3, 4), "l1")
+    assert DISTILLATIONS == ("kl", "mse")  # the paper's first: the default

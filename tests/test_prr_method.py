@@ -117,3 +117,103 @@ def test_options_are_a_frozen_checked_dataclass_that_config_validation_reads(tin
     assert params["tau"].default == 3.0 and params["det_split"].annotation == det.MetricSplit
     with pytest.raises(ValueError, match="r0 must lie in"):
         PRROptions(r0=0.6)
+
+
+def test_the_authors_segmentation_distillation_is_ten_times_the_mse_of_the_softmax_maps(tiny_task, tmp_path):
+    method = PRR(RunConfig(task="tiny"), tiny_task, distillation="mse", distill_weight=10.0)
+    site = make_runtime(tiny_task, tmp_path)
+    site.memory.update(mask=torch.ones(3, 3, dtype=torch.float64), gamma=torch.ones(3, dtype=torch.float64), phase=det.Phase.EXCHANGE)
+    labels = torch.tensor([0, 1])
+    z_p, z_d = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    losses = method.losses(site.view(), labels, {"personal": (z_p, None), "deputy": (z_d, None)})
+    # sample 1: equal maps; sample 2: softmax(1, 0, 0) = (e, 1, 1) / (e + 2) against (1/3, 1/3, 1/3)
+    e = torch.e
+    p2 = torch.tensor([e, 1.0, 1.0]) / (e + 2)
+    mse = ((p2 - 1 / 3) ** 2).sum() / 6  # mean over 2 samples x 3 classes
+    torch.testing.assert_close(losses["personal"], cpa.cpa_loss(z_p, labels, torch.ones(3, 3)) + 10 * mse)
+    torch.testing.assert_close(losses["deputy"], cpa.cpa_loss(z_d, labels, torch.ones(3, 3)) + 10 * mse)
+
+
+@pytest.mark.parametrize("optimizers", ["per_round", "kept"])
+def test_optimisers_are_recreated_at_every_download_unless_kept(tiny_task, tmp_path, optimizers):
+    from test_site_loop import initial_download, next_download
+
+    from prrfl.site.trainer import run_round
+
+    site = make_runtime(tiny_task, tmp_path, optimizer="adam", lr=1e-3, method_args={"optimizers": optimizers})
+    upload = run_round(site, initial_download(tiny_task), 0)
+    steps = site.optimizers["personal"].state_dict()["state"][0]["step"]
+    assert steps == 8  # 2 epochs x 4 batches of the 30 training images
+    site.method.on_download(site.view(), next_download(upload, 1), first=False)
+    for role, opt in site.optimizers.items():
+        state = opt.state_dict()["state"]
+        if optimizers == "kept":
+            assert state[0]["step"] == steps, role
+        else:  # what a new Adam on the same parameters holds
+            assert state == torch.optim.Adam(site.models[role].parameters()).state_dict()["state"] == {}, role
+
+
+def test_a_site_may_report_its_deputy_and_records_both_models_every_round(tiny_task, tmp_path):
+    from test_site_loop import initial_download
+
+    from prrfl.site.trainer import run_round
+
+    with pytest.raises(ValueError, match="report_model='deputy' needs det_enabled"):
+        PRR(RunConfig(task="tiny"), tiny_task, report_model="deputy", det_enabled=False)
+    for report, other in (("personal", "deputy"), ("deputy", "personal")):
+        site = make_runtime(tiny_task, tmp_path / report, method_args={"report_model": report})
+        assert site.method.eval_role == report and site.method.upload_role == "deputy"
+        run_round(site, initial_download(tiny_task), 0)
+        entry = site.history[-1]
+        assert entry["valid"] == site.evaluate(report, "valid") and entry["test"] == site.evaluate(report, "test")
+        assert entry["other_models"] == {other: {"valid": site.evaluate(other, "valid"), "test": site.evaluate(other, "test")}}
+        assert (site.state_dir / f"best_{report}.pt").exists() and not (site.state_dir / f"best_{other}.pt").exists()
+        assert site.results()["reported_model"] == report
+        tags = {tag for tag, _, _ in site.scalars}
+        assert {"valid/f1", f"valid_{other}/f1", f"test_{other}/auc"} <= tags and f"valid_{report}/f1" not in tags
+
+
+@pytest.mark.parametrize(
+    "epoch, personal, deputy, rescued",
+    [
+        (1, 50.0, 80.0, True),  # 50 < 0.7 x 80 = 56: P has fallen out of reach of distillation
+        (1, 56.0, 80.0, False),  # the l1 boundary: no rescue
+        (1, 79.0, 80.0, False),  # D a little ahead: P distils from D as the paper says
+        (0, 10.0, 80.0, False),  # a round's first epoch: D was just overwritten by the download
+    ],
+)
+def test_det_rescue_gives_p_the_deputys_weights_only_when_p_falls_below_l1_times_d(tiny_task, tmp_path, epoch, personal, deputy, rescued):
+    from test_site_loop import initial_download
+
+    from prrfl.site.trainer import run_round
+
+    site = make_runtime(tiny_task, tmp_path, optimizer="adam", lr=1e-3, method_args={"optimizers": "kept", "det_rescue": 0.7})
+    run_round(site, initial_download(tiny_task), 0)
+    with torch.no_grad():  # make the two models differ
+        for p in site.models["deputy"].parameters():
+            p.add_(0.1)
+    site.optimizers["deputy"].state_dict()["state"][0]["exp_avg"].add_(1.0)
+    scores = {"personal": personal, "deputy": deputy}
+    view = dataclasses.replace(site.view(), evaluate=lambda role, split: {"f1": scores[role]})
+    before_p = copy_state(site.models["personal"])
+    site.memory["phase"] = det.Phase.RECOVER  # as after a round's first epoch
+    site.method.before_epoch(view, epoch)
+    after_p, deputy_state = copy_state(site.models["personal"]), copy_state(site.models["deputy"])
+    same_as_d = all(torch.equal(after_p[k], deputy_state[k]) for k in after_p)
+    unchanged = all(torch.equal(after_p[k], before_p[k]) for k in after_p)
+    assert (same_as_d, unchanged) == (rescued, not rescued)
+    p_moments = site.optimizers["personal"].state_dict()["state"][0]["exp_avg"]
+    d_moments = site.optimizers["deputy"].state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(p_moments, d_moments) == rescued
+    logged = [v for tag, v, _ in site.scalars if tag == "det/rescue"]
+    assert logged[-1] == float(rescued)
+    # the phase is chosen from the scores after the rescue: P equal to D is Exchange (coming from Recover)
+    if rescued:
+        assert site.memory["phase"] == det.Phase.EXCHANGE
+    assert PRR(RunConfig(task="tiny"), tiny_task, det_rescue=None).opt.det_rescue is None
+    with pytest.raises(ValueError, match="det_rescue must lie in"):
+        PRROptions(det_rescue=1.5)
+
+
+def copy_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}

@@ -8,6 +8,10 @@ D trains alone. This keeps P from retrogressing on the aggregate while still abs
 
 phi is computed on the validation split by default (both papers); the authors' code uses the
 training split. The training loop makes that choice among `DET_METRIC_SPLITS`.
+
+The distillation term is KL(p_teacher || p_student) in the papers (`kl_distillation`); the authors'
+segmentation script uses the mean squared difference of the two softmax maps instead, weighted by 10
+(`mse_distillation`). `distillation` picks one of `DISTILLATIONS` by name.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import torch.nn.functional as F
 
 MetricSplit = Literal["valid", "train"]
 PhaseName = Literal["recover", "exchange", "sublimate"]  # the names of `Phase`, in lower case, for configs
+Distillation = Literal["kl", "mse"]
 DET_METRIC_SPLITS: tuple[str, ...] = ("valid", "train")  # paper's choice first (the default)
+DISTILLATIONS: tuple[str, ...] = ("kl", "mse")  # paper's choice first (the default)
 
 
 class Phase(IntEnum):
@@ -90,3 +96,23 @@ def kl_distillation(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     teacher = teacher_logits.detach().movedim(1, -1).reshape(-1, num_classes) / temperature
     kl = F.kl_div(F.log_softmax(student, dim=1), F.log_softmax(teacher, dim=1), reduction="batchmean", log_target=True)
     return kl * temperature**2
+
+
+def mse_distillation(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """mean over samples, classes and positions of (softmax(student) - softmax(teacher))^2, the teacher
+    detached: the distillation of the authors' segmentation script (which multiplies it by 10)."""
+    if student_logits.shape != teacher_logits.shape or student_logits.ndim < 2:
+        raise ValueError(
+            f"need student and teacher logits of the same [B, C, ...] shape, got "
+            f"{tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}"
+        )
+    return F.mse_loss(student_logits.softmax(dim=1), teacher_logits.detach().softmax(dim=1))
+
+
+def distillation(student_logits: torch.Tensor, teacher_logits: torch.Tensor, form: Distillation = "kl") -> torch.Tensor:
+    """The distillation term of one of `DISTILLATIONS`: "kl" (`kl_distillation`) or "mse" (`mse_distillation`)."""
+    if form == "kl":
+        return kl_distillation(student_logits, teacher_logits)
+    if form == "mse":
+        return mse_distillation(student_logits, teacher_logits)
+    raise ValueError(f"distillation must be one of {DISTILLATIONS}, got {form!r}")

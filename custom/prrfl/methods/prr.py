@@ -24,6 +24,25 @@ Ablations (TMI Tables IV-VI) are options, e.g. `prrfl jobs export derm_prr --set
 CPA is the classification term of the task's loss: for classification L_sup = CPA, for
 segmentation L_sup = Dice + CPA (1:1, the paper). `cpa_ce_mix` = w makes that term
 (1 - w) * CPA + w * CE; the authors' segmentation code uses w = 0.5.
+
+The authors' segmentation script departs from the paper in four site-side choices, each an option
+(docs/methods.md lists them with the defaults and why):
+* distillation="mse", distill_weight=10: DET distils with 10 x the mean squared difference of the two
+  softmax maps instead of the paper's KL at weight 1;
+* det_split="train": DET scores P and D on the training split instead of the validation split;
+* cpa_ce_mix=0.5: half CPA, half cross entropy in the classification term;
+* optimizers="kept": each model's optimiser state (Adam's moments) carries over from round to round;
+  the default, "per_round", re-creates the optimisers at every download, as the authors' code does
+  (the papers do not say).
+
+report_model: the model a site reports, selects on validation and saves as its best model: "personal"
+(P, the paper) or "deputy" (D). Both are evaluated every round either way (the site's results record
+the other one's metrics beside it).
+
+det_rescue = r (off by default, as the paper): at a DET check after a round's first epoch, P takes D's
+weights (and optimiser state) when phi(P) < r * phi(D). P learns from D only by distillation on the
+site's own training split, which carries nothing once P fits that split; at a site of a few volumes P
+then stays a local model however far D gets ahead (docs/methods.md, "P at a small site").
 """
 
 from __future__ import annotations
@@ -31,7 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +102,11 @@ class PRROptions:
     proto_std: prototypes.StdKind = "biased"  # "unbiased": the authors' K-1 divisor
     proto_std_floor: float = 0.0  # authors: 1.0
     cpa_ce_mix: float = 0.0  # authors' segmentation code: 0.5
+    distillation: det.Distillation = "kl"  # authors' segmentation code: "mse"
+    distill_weight: float = 1.0  # authors' segmentation code: 10
+    optimizers: Literal["per_round", "kept"] = "per_round"  # re-created at every download (authors' code)
+    report_model: Literal["personal", "deputy"] = "personal"  # the paper reports P
+    det_rescue: float | None = None  # r: P takes D's weights when phi(P) < r * phi(D) at a DET check after a round's first epoch
 
     def __post_init__(self) -> None:
         if self.det_split not in det.DET_METRIC_SPLITS:
@@ -95,6 +119,14 @@ class PRROptions:
             raise ValueError(f"PRR option det_phases must be a non-empty subset of {PHASE_NAMES}, got {self.det_phases!r}")
         object.__setattr__(self, "det_phases", tuple(self.det_phases))  # a list from a config: frozen as well
         pfa.pfa_threshold(0, 1, r0=self.r0, r1=self.r1, schedule=self.r_schedule)  # checks r0, r1 and the schedule
+        if self.distillation not in det.DISTILLATIONS:
+            raise ValueError(f"PRR option distillation must be one of {det.DISTILLATIONS}, got {self.distillation!r}")
+        if not 0 < self.distill_weight < math.inf:
+            raise ValueError(f"PRR option distill_weight must be a finite number > 0, got {self.distill_weight}")
+        if self.report_model == "deputy" and not self.det_enabled:
+            raise ValueError("PRR option report_model='deputy' needs det_enabled: without DET a site keeps one model")
+        if self.det_rescue is not None and not 0 < self.det_rescue <= 1:
+            raise ValueError(f"PRR option det_rescue must lie in (0, 1] or be null (off), got {self.det_rescue}")
         if not 0 <= self.cpa_ce_mix <= 1:
             raise ValueError(f"PRR option cpa_ce_mix must lie in [0, 1], got {self.cpa_ce_mix}")
         if not (self.tau > 0 and 0 <= self.beta < math.inf and self.proto_std_floor >= 0):
@@ -127,6 +159,8 @@ class PRR(Method):
         self.opt = PRROptions(**options)
         if not self.opt.det_enabled:  # one model: receives the PFA output, trains with L_sup, is evaluated
             self.roles, self.eval_role, self.upload_role = ("local",), "local", "local"
+        else:
+            self.eval_role = self.opt.report_model
 
     # ----- shared ------------------------------------------------------------------------
     def shared_keys(self, model: torch.nn.Module) -> list[str]:
@@ -182,6 +216,9 @@ class PRR(Method):
                 site.models[role].load_state_dict(download.params)
         else:
             site.models[self.upload_role].load_state_dict(download.params, strict=False)
+        if self.opt.optimizers == "per_round":  # as new optimisers: no moments, no step count
+            for optimizer in site.optimizers.values():
+                optimizer.state.clear()
         mem = site.memory
         mem["phase"] = None  # every download restarts DET in Recover
         mem["round"] = download.round
@@ -199,6 +236,12 @@ class PRR(Method):
             metric = site.task.primary_metric
             personal = site.evaluate("personal", o.det_split)[metric]
             deputy = site.evaluate("deputy", o.det_split)[metric]
+            rescue = o.det_rescue is not None and epoch > 0 and personal < o.det_rescue * deputy
+            if rescue:  # P becomes D, optimiser state included: both are equal from here
+                site.models["personal"].load_state_dict(site.models["deputy"].state_dict())
+                site.optimizers["personal"].load_state_dict(site.optimizers["deputy"].state_dict())
+                personal = deputy
+            site.log_scalar("det/rescue", float(rescue), step)
             phase = det.next_phase(mem["phase"], deputy, personal, l1=o.l1, l2=o.l2, just_downloaded=epoch == 0)
             mem["phase"] = allowed_phase(phase, self.opt.phases)
             for phase_name in PHASE_NAMES:  # 1 for the phase of this epoch, by name
@@ -237,16 +280,17 @@ class PRR(Method):
         if phase is not None:
             (z_p, _), (z_d, _) = outputs["personal"], outputs["deputy"]
             p_learns, d_learns = det.distillation_targets(phase)
+            form, weight = self.opt.distillation, self.opt.distill_weight
             if p_learns:
-                losses["personal"] = losses["personal"] + det.kl_distillation(z_p, z_d)
+                losses["personal"] = losses["personal"] + weight * det.distillation(z_p, z_d, form)
             if d_learns:
-                losses["deputy"] = losses["deputy"] + det.kl_distillation(z_d, z_p)
+                losses["deputy"] = losses["deputy"] + weight * det.distillation(z_d, z_p, form)
         return losses
 
     def after_batch(self, site, targets, outputs):
         # prototypes come from P's embeddings of the batch it is training on (authors' choice)
         if self.opt.cpa_local:
-            protos.track(site, outputs[self.eval_role][1], targets)
+            protos.track(site, outputs[self.roles[0]][1], targets)
 
     def after_epoch(self, site: SiteView, epoch: int) -> None:
         if self.opt.cpa_local:

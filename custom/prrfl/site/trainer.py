@@ -138,15 +138,20 @@ def _synchronized(device: torch.device) -> float:
 
 
 def record_round(site: SiteRuntime, round_idx: int, timing: dict[str, float]) -> None:
-    """Evaluate the site's reported model on valid and test; keep the best on validation."""
+    """Evaluate the site's reported model on valid and test, and every other model the method trains beside
+    it (PRR's deputy: `other_models`, logged as `valid_<role>/...`); keep the best on validation."""
     role, metric = site.method.eval_role, site.task.primary_metric
     valid = site.evaluate(role, "valid")
     test = site.evaluate(role, "test")
+    others = {r: {"valid": site.evaluate(r, "valid"), "test": site.evaluate(r, "test")} for r in site.method.roles if r != role}
     step = (round_idx + 1) * site.cfg.local_epochs - 1
-    for split, values in (("valid", valid), ("test", test)):
-        for name, value in values.items():
-            site.log_scalar(f"{split}/{name}", value, step)
+    for suffix, scores in (("", {"valid": valid, "test": test}), *((f"_{r}", s) for r, s in others.items())):
+        for split, values in scores.items():
+            for name, value in values.items():
+                site.log_scalar(f"{split}{suffix}/{name}", value, step)
     entry = {"kind": "round", "round": round_idx, "epochs_done": step + 1, "valid": valid, "test": test, "timing": timing}
+    if others:
+        entry["other_models"] = others
     if site.cfg.eval_test_every_epoch:
         entry["shared_test"] = shared_test(site, test)
     site.history.append(entry)
