@@ -266,9 +266,16 @@ def test_patient_split_partitions_cases_deterministically():
     assert a == patient_split(list(reversed(ids)), (0.7, 0.1, 0.2), seed=0, site_name="RUNMC")
     assert a != patient_split(ids, (0.7, 0.1, 0.2), seed=1, site_name="RUNMC")
     assert a != patient_split(ids, (0.7, 0.1, 0.2), seed=0, site_name="BMC")  # per-site stream
-    for n, expected in ((12, [9, 1, 2]), (13, [9, 1, 3]), (3, [1, 1, 1]), (4, [2, 1, 1])):
+    # valid gets 2 cases wherever train keeps 3 (12, 13: Table I's BIDMC/HK and UCL; 6, 8); not at 4 or 5
+    for n, expected in ((12, [8, 2, 2]), (13, [8, 2, 3]), (8, [4, 2, 2]), (6, [3, 2, 1]), (5, [3, 1, 1]), (3, [1, 1, 1]), (4, [2, 1, 1])):
         got = patient_split([f"C{i}" for i in range(n)], (0.7, 0.1, 0.2), 5, "HK")
         assert [len(got[s]) for s in SPLITS] == expected
+    for n, expected in ((12, [9, 1, 2]), (13, [9, 1, 3])):  # min_valid=1: the plain rounding
+        got = patient_split([f"C{i}" for i in range(n)], (0.7, 0.1, 0.2), 5, "HK", min_valid=1)
+        assert [len(got[s]) for s in SPLITS] == expected
+    assert patient_split(ids, (0.7, 0.1, 0.2), 0, "RUNMC", min_valid=1) == a  # 30 cases: 3 >= 2 already
+    with pytest.raises(ValueError, match="min_valid"):
+        patient_split(ids, (0.7, 0.1, 0.2), 0, "HK", min_valid=0)
     no_valid = patient_split(["a", "b"], (0.5, 0.0, 0.5), 0, "UCL")
     assert [len(no_valid[s]) for s in SPLITS] == [1, 0, 1]
     with pytest.raises(ValueError, match="site BIDMC has 2 case"):

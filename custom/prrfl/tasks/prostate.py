@@ -24,6 +24,7 @@ from prrfl.data.augment import SliceAugment, normalize
 from prrfl.data.prostate import ensure_synthetic_prostate, load_split
 from prrfl.data.prostate.layout import SITES, TABLE_SITES
 from prrfl.data.prostate.prepare import PERCENTILES
+from prrfl.data.prostate.splitting import MIN_VALID_CASES
 from prrfl.data.prostate.store import split_path
 from prrfl.models.deeplab import DeepLabV2ResNet18
 from prrfl.tasks.base import SiteData, Split
@@ -40,6 +41,7 @@ class ProstateData(TypedDict):
     synthetic_seed: int
     synthetic_matrix_scale: float
     split_seed: int
+    split_min_valid_cases: int
     augmentation: Literal["paper", "extended"]
 
 
@@ -51,6 +53,9 @@ DEFAULT_DATA: dict[str, Any] = {
     "synthetic_seed": 0,
     "synthetic_matrix_scale": 1 / 3,  # in-plane matrix of the generated volumes: 1.0 = the scanners' 384-512 px
     "split_seed": 0,
+    # validation cases per site at least, wherever its training split keeps 3 (prrfl.data.prostate.splitting);
+    # 1: the plain 7:1:2 rounding, which gives the small sites a single validation volume
+    "split_min_valid_cases": MIN_VALID_CASES,
     "augmentation": "paper",  # the paper's random flip and rotation; "extended": SliceAugment.extended()
 }
 
@@ -78,6 +83,7 @@ class ProstateTask(SegmentationTask):
             "synthetic_matrix_scale": (0 < d["synthetic_matrix_scale"] <= 2, "a number in (0, 2]"),
             "synthetic_seed": (d["synthetic_seed"] >= 0, "an integer >= 0"),
             "split_seed": (d["split_seed"] >= 0, "an integer >= 0"),
+            "split_min_valid_cases": (d["split_min_valid_cases"] >= 1, "an integer >= 1"),
         }
         for key, (ok, expected) in rules.items():
             if not ok:
@@ -116,6 +122,7 @@ class ProstateTask(SegmentationTask):
                 seed=d["synthetic_seed"],
                 size=d["image_size"],
                 split_seed=d["split_seed"],
+                min_valid_cases=d["split_min_valid_cases"],
                 matrix_scale=d["synthetic_matrix_scale"],
                 workers=workers,
             )

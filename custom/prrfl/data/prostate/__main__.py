@@ -14,6 +14,7 @@ import time
 from prrfl.data.cli import command_parser, print_prepared, run_main
 
 from .layout import SITE_NAMES, TABLE_SITES
+from .splitting import MIN_VALID_CASES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--seed", type=int, default=0, help="split seed")
     q.add_argument("--split", type=float, nargs=3, default=(0.7, 0.1, 0.2), metavar=("TRAIN", "VALID", "TEST"))
     q.add_argument("--sites", nargs="+", default=None, choices=SITE_NAMES, help="default: Table I sites (+ I2CVB if present)")
+    q.add_argument(
+        "--min-valid-cases",
+        type=int,
+        default=MIN_VALID_CASES,
+        help="validation cases a site gets at least, wherever its training split keeps 3 (1: the plain 7:1:2 rounding)",
+    )
 
     v = add("preview", parents=[common], help="write a PNG per site to look at")
     v.add_argument("--raw", required=True)
@@ -77,7 +84,9 @@ def _run(args: argparse.Namespace) -> int:
     elif args.cmd == "prepare":
         from .prepare import prepare_prostate
 
-        m = prepare_prostate(args.raw, args.out, size=args.size, seed=args.seed, split=args.split, sites=args.sites)
+        m = prepare_prostate(
+            args.raw, args.out, size=args.size, seed=args.seed, split=args.split, sites=args.sites, min_valid_cases=args.min_valid_cases
+        )
         print_prepared(m, args.out, t0)
     else:
         from .preview import write_previews

@@ -17,6 +17,7 @@ from prrfl.data.build import cached_federation, federation_key
 
 from .layout import MANIFEST_NAME, SYNTHETIC_MARKER, TABLE_SITES
 from .prepare import FORMAT, prepare_prostate
+from .splitting import MIN_VALID_CASES
 from .synthetic import GENERATOR_VERSION, generate_synthetic_prostate
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ def ensure_synthetic_prostate(
     size: int = 128,
     split_seed: int = 0,
     split: Sequence[float] = (0.7, 0.1, 0.2),
+    min_valid_cases: int = MIN_VALID_CASES,
     matrix_scale: float = DEFAULT_MATRIX_SCALE,
     max_matrix: int | None = None,
     sites: Sequence[str] = TABLE_SITES,
@@ -49,6 +51,7 @@ def ensure_synthetic_prostate(
         "size": int(size),
         "split_seed": int(split_seed),
         "split": [float(f) for f in split],
+        "min_valid_cases": int(min_valid_cases),
         "matrix_scale": float(matrix_scale),
         "max_matrix": None if max_matrix is None else int(max_matrix),
         "sites": list(sites),
@@ -68,7 +71,9 @@ def ensure_synthetic_prostate(
             overwrite=True,
             workers=workers,
         ),
-        prepare=lambda raw, out: prepare_prostate(raw, out, size=int(size), seed=int(split_seed), split=split, sites=params["sites"]),
+        prepare=lambda raw, out: prepare_prostate(
+            raw, out, size=int(size), seed=int(split_seed), split=split, sites=params["sites"], min_valid_cases=int(min_valid_cases)
+        ),
         marker=SYNTHETIC_MARKER,
         manifest=MANIFEST_NAME,
         log=log,

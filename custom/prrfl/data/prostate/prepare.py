@@ -31,7 +31,7 @@ from prrfl.data.manifest import PreparedManifest, config_hash, write_manifest
 
 from .layout import MANIFEST_NAME, SPLITS, SYNTHETIC_MARKER, site
 from .reader import CaseFiles, ProstateCase, from_display, list_sites, load_case, to_display
-from .splitting import patient_split
+from .splitting import MIN_TRAIN_CASES, MIN_VALID_CASES, patient_split
 from .store import save_split, split_path
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,8 @@ FORMAT = "prrfl.prostate.prepared/1"
 PERCENTILES = (0.5, 99.5)
 SPLIT_RULE = (
     "patient level, per site: sorted case ids shuffled with numpy default_rng(SeedSequence([seed, crc32(site)])); "
-    "test = round(f_test*n), valid = round(f_valid*n) cases (>= 1 each when its fraction > 0), train the rest; "
-    "all slices of a case in its split"
+    "test = round(f_test*n), valid = round(f_valid*n) cases (>= 1 each when its fraction > 0), raised to "
+    f"min_valid_cases wherever train keeps >= {MIN_TRAIN_CASES} cases, train the rest; all slices of a case in its split"
 )
 
 
@@ -201,6 +201,7 @@ def prepare_prostate(
     seed: int = 0,
     split: Sequence[float] = (0.7, 0.1, 0.2),
     sites: Sequence[str] | None = None,
+    min_valid_cases: int = MIN_VALID_CASES,
 ) -> ProstateManifest:
     """Prepare the sites of the raw layout under `raw_root` into `out_root` (see the module docstring).
 
@@ -214,7 +215,7 @@ def prepare_prostate(
     fractions = check_fractions(split)
     raw_root, out_root = Path(raw_root), Path(out_root)
     listing = list_sites(raw_root, sites)
-    assignments = {s: patient_split([f.case_id for f in files], fractions, seed, s) for s, files in listing.items()}
+    assignments = {s: patient_split([f.case_id for f in files], fractions, seed, s, min_valid_cases) for s, files in listing.items()}
     (out_root / MANIFEST_NAME).unlink(missing_ok=True)  # from here on the folder is not complete
 
     sites_info: dict[str, Any] = {}
@@ -234,6 +235,7 @@ def prepare_prostate(
         "size": size,
         "seed": seed,
         "split": list(fractions),
+        "min_valid_cases": min_valid_cases,
         "sites": list(listing),
         "normalisation": {"method": "percentile clip then scale to [0, 1]", "percentiles": list(PERCENTILES)},
         "synthetic": synthetic,
