@@ -52,16 +52,16 @@ PROSTATE_PAPER: dict[str, Any] = {
 }
 
 
-# The benchmark (`prrfl sweep --profile bench`): the largest setting a 2-core CPU runs in about 20 min
-# per (method, seed) for PRR, chosen so that FedAvg's own validation curves have flattened by the last
-# round (docs/results/bench_calibration). Dermoscopy: 25 % of the Table I sizes (4x the quick jobs'
-# images, so every site holds every class), 64 px, 10 rounds x 2 epochs at the paper's lr 1e-2; the
-# paper's halving every 25 epochs is not reached in 20. Prostate: 60 % of the Table I cases, 128 px
-# slices, the quick jobs' network and schedule (lr halved after epochs 8 and 16 of 20). With 2 local epochs
-# per round, PRR's DET runs Recover then (at best) Exchange in every round: Sublimate, reachable from a
-# round's third epoch on (prrfl.algorithms.det.next_phase), is not reached here as it is with the paper's 5.
-DERM_BENCH: dict[str, Any] = {"num_rounds": 10, "local_epochs": 2, "data": {"synthetic_scale": 0.25}}
-PROSTATE_BENCH: dict[str, Any] = {**PROSTATE_QUICK, "data": {"image_size": 128, "synthetic_scale": 0.6}}
+# The benchmark (`prrfl sweep --profile bench`): the largest setting a 2-core CPU runs in about 15 min
+# per (method, seed) for PRR, at the paper's E = 5 local epochs per round, so that PRR's DET can reach its
+# Sublimate phase (a round's third epoch on; prrfl.algorithms.det.next_phase): 20 epochs in 4 rounds of 5,
+# the same 20 epochs FedAvg's own validation curves had flattened by (docs/results/bench_calibration).
+# Dermoscopy: 25 % of the Table I sizes (4x the quick jobs' images, so every site holds every class), 64 px,
+# at the paper's lr 1e-2; the paper's halving every 25 epochs is not reached in 20. Prostate: 60 % of the
+# Table I cases, 128 px slices, the quick jobs' network and schedule (lr halved after epochs 8 and 16 of 20).
+# Every method runs the same schedule.
+DERM_BENCH: dict[str, Any] = {"num_rounds": 4, "local_epochs": 5, "data": {"synthetic_scale": 0.25}}
+PROSTATE_BENCH: dict[str, Any] = {**PROSTATE_QUICK, "num_rounds": 4, "local_epochs": 5, "data": {"image_size": 128, "synthetic_scale": 0.6}}
 
 # The settings of every <task>_<method> job under a profile: "quick" (the committed jobs), "bench", "paper".
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
