@@ -113,8 +113,8 @@ def test_protocol_table_has_fcas_layout():
     )
     table = protocol_table(runs, ["prr", "fca"], ("bacc", "auc")).splitlines()
     assert table[0] == "| method | seeds | generalization scored by | Gen bACC | Gen bAUC | Spec bACC | Spec bAUC |"
-    assert table[2] == "| prr | 1 | each site's model, mean over sites | 40.00 | 65.00 | 70.00 | 85.00 |"
-    assert table[3] == "| fca | 2 | global model (last round) | 51.00 ± 1.41 | 70.00 ± 0.00 | 60.50 ± 0.71 | 80.00 ± 0.00 |"
+    assert table[2] == "| prr | 1 | each site's reported model (best round), mean over sites | 40.00 | 65.00 | 70.00 | 85.00 |"
+    assert table[3] == "| fca | 2 | one global model (last round) | 51.00 ± 1.41 | 70.00 ± 0.00 | 60.50 ± 0.71 | 80.00 ± 0.00 |"
 
 
 # ----- end to end ---------------------------------------------------------------------------------------------

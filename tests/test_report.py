@@ -19,6 +19,7 @@ from prrfl.report import (
     build_report,
     find_results,
     long_rows,
+    method_order,
     retrogress_rows,
     retrogress_summary,
     shared_drop_tests,
@@ -151,17 +152,18 @@ def test_table_ii_mean_std_over_seeds_and_paired_p_value(workspaces):
     rows = long_rows(find_results(workspaces))
     table = table_ii(rows, ["prr", "fedavg"], "prr", DERM_METRICS)
     prr, fedavg = cell(table, "prr"), cell(table, "fedavg")
-    # columns: method, seeds, A F1, A AUC, B F1, B AUC, C F1, C AUC, D F1, D AUC, Avg F1, Avg AUC, p
+    # columns: method, seeds, A F1, A AUC, B F1, B AUC, C F1, C AUC, D F1, D AUC, Avg F1, Avg AUC, Avg F1 last, p
     assert prr[1] == "2"
     assert prr[2] == "81.00 ± 1.41"  # 80, 82: sample std sqrt(2)
     assert prr[3] == "91.00 ± 1.41"
     assert fedavg[6] == "62.50 ± 0.71"  # 63, 62
     assert prr[10] == "72.25 ± 1.41"  # site means 71.25 (seed 0), 73.25 (seed 1)
     assert fedavg[10] == "65.88 ± 0.71"  # 66.375, 65.375
-    assert prr[12] == "–"
+    assert prr[12] == fedavg[12] == "60.00 ± 0.00"  # every site's last round tests at 60: the column beside the selected
+    assert prr[13] == "–"
     keys = [(c, s) for c in "ABCD" for s in (0, 1)]  # 8 pairs: Wilcoxon
     expected = stats.wilcoxon([best_f1("fedavg", s, c) for c, s in keys], [best_f1("prr", s, c) for c, s in keys]).pvalue
-    assert fedavg[12] == f"{expected:.3g} (Wilcoxon, n=8)"
+    assert fedavg[13] == f"{expected:.3g} (Wilcoxon, n=8)"
     assert "Wilcoxon signed-rank when n ≥ 6 pairs, else paired t-test" in table
 
 
@@ -171,7 +173,7 @@ def test_one_seed_gives_bare_values_and_a_paired_t_test(tmp_path):
     table = table_ii(long_rows(find_results([tmp_path])), ["prr", "fedavg"], "prr", DERM_METRICS)
     assert cell(table, "prr")[2] == "80.00"
     expected = stats.ttest_rel([FEDAVG_F1[c] for c in "ABCD"], [PRR_F1[c] for c in "ABCD"]).pvalue
-    assert cell(table, "fedavg")[12] == f"{expected:.3g} (t, n=4)"
+    assert cell(table, "fedavg")[13] == f"{expected:.3g} (t, n=4)"
     alone = long_rows(find_results([tmp_path], methods=["fedavg"]))
     assert cell(table_ii(alone, ["fedavg"], "prr", DERM_METRICS), "fedavg")[-1] == "–"  # no reference run
 
@@ -212,8 +214,19 @@ def test_the_shared_models_retrogress_stands_beside_the_reported_ones_where_runs
     report = build_report(workspaces, tmp_path / "report", methods=["prr", "fedavg"]).read_text()
     table = report.split("## Retrogress after communication")[1]
     assert "shared model's drop" in table
-    assert cell(table, "prr") == ["prr", "0.00", "0.00", "16", "5.50", f"{statistics.stdev([4, 5, 6, 7] * 4):.2f}", "16", "–"]
-    assert cell(table, "fedavg")[4:] == ["–", "–", "–", "–"]
+    # the model each row scores is named (runs that did not record it: "the method's")
+    assert cell(table, "prr") == [
+        "prr",
+        "the method's",
+        "0.00",
+        "0.00",
+        "16",
+        "5.50",
+        f"{statistics.stdev([4, 5, 6, 7] * 4):.2f}",
+        "16",
+        "–",
+    ]
+    assert cell(table, "fedavg")[5:] == ["–", "–", "–", "–"]
     with open(tmp_path / "report" / "retrogress.csv") as f:
         models = [row["model"] for row in csv.DictReader(f)]
     assert models.count("reported") == 32 and models.count("shared") == 16
@@ -467,3 +480,26 @@ def test_a_run_with_options_set_is_reported_apart_under_its_options(workspaces, 
     table_ii = text[text.index("## Table II") :]
     assert cell(table_ii, "prr")[1] == "2" and cell(table_ii, "prr[det_enabled=false]")[1] == "1"  # seeds: apart, not pooled
     assert (tmp_path / "out" / "curves_prr_det_enabled_false_.png").exists()
+
+
+def test_the_other_model_of_a_run_gets_rows_of_its_own_selected_by_the_same_rule(tmp_path):
+    """PRR records D's valid/test beside P's every round: the report scores D as 'prr/deputy', its best round
+    chosen on D's own validation score (the first strict maximum), its last round beside it."""
+    write_run(tmp_path / "prr_s0", "prr", 0)
+    for path in (tmp_path / "prr_s0").glob("site-*/prrfl/*/results.json"):
+        results = json.loads(path.read_text())
+        results["reported_model"] = "personal"
+        for h in results["history"]:
+            if h["kind"] == "round":  # D validates 70, 90, 90 (rounds 0, 1, 2) and tests 10 + round
+                h["other_models"] = {"deputy": {"valid": metrics([70.0, 90.0, 90.0][h["round"]]), "test": metrics(10.0 + h["round"])}}
+        path.write_text(json.dumps(results))
+    results = find_results([tmp_path])
+    deputy = [r for r in results if r.method == "prr/deputy"]
+    assert len(deputy) == 4 and all(r.reported_model == "deputy" for r in deputy)
+    assert {(r.best["round"], r.best["test"]["f1"], r.last["test"]["f1"]) for r in deputy} == {(1, 11.0, 12.0)}
+    assert method_order(results, ["prr"], "prr") == ["prr", "prr/deputy"]
+    table = table_ii(long_rows(results), ["prr", "prr/deputy"], "prr", DERM_METRICS)
+    assert cell(table, "prr/deputy")[10] == "11.00" and cell(table, "prr/deputy")[12] == "12.00"
+    report = build_report([tmp_path], tmp_path / "report").read_text()
+    assert "prr: its reported model (personal)" in report
+    assert "| prr/deputy | deputy | 0 |" in report  # the runs table names the model

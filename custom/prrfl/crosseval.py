@@ -7,7 +7,11 @@ cross-site matrix.
   last round when the method has one (`Method.global_params`: FedAvg and its kin, FCA's extractor
   with the federated head, HarmoFL with its shared amplitude), otherwise by each site's reported model,
   averaged over the sites (PRR, FedBN, SiloBN, FedProto: no single model fits every site);
-* cross-site matrix: each site's reported model on every site's test split (rows: the model's site).
+* cross-site matrix: each site's reported model on every site's test split (rows: the model's site);
+* the other models a method trains beside the reported one (PRR's deputy D beside its personalized P),
+  each site's as it stands after the last round (its checkpoint), scored the same two ways
+  (`other_models`): generalization as the mean over the sites of each site's model on the pooled test
+  splits, specialization on its own.
 
 Metrics: the task's `protocol_metrics` (bACC and bAUC for classification: bAUC is the mean one-vs-rest
 AUC over the classes present; Dice for segmentation, per volume, the volumes of all sites pooled).
@@ -35,6 +39,7 @@ import torch
 from prrfl.config import RunConfig
 from prrfl.metrics import nanmean
 from prrfl.registry import build_method, build_task, task_class
+from prrfl.site.state import CHECKPOINT
 from prrfl.storage import load_json, load_torch, save_json
 from prrfl.tasks.base import Split
 
@@ -125,12 +130,40 @@ def evaluate_run(run: RunFiles, device: str | torch.device = "cpu") -> dict[str,
         "method": run.cfg.method,
         "seed": run.cfg.seed,
         "metrics": metrics,
+        "reported_model": method.eval_role,
         "cohorts": {site: results["cohort"] for site, results in run.sites.items()},
         "pooled_test_samples": len(pooled),
         "generalization": {**generalization, "values": {k: values[k] for k in metrics}},
         "specialization": {"values": {k: nanmean(v[k] for v in own.values()) for k in metrics}, "per_site": own},
         "cross_site": cross,
+        "other_models": _other_models(run, task, method, tests, pooled, metrics, device),
     }
+
+
+def _other_models(run: RunFiles, task, method, tests: dict[str, Split], pooled: Split, metrics: list[str], device) -> dict[str, Any]:
+    """role -> generalization and specialization of each site's final model of that role (from the site's
+    checkpoint), for every role the method trains beside the reported one; a site without a checkpoint
+    is left out with a warning."""
+    out: dict[str, Any] = {}
+    for role in (r for r in method.roles if r != method.eval_role):
+        general, own = {}, {}
+        for site, results in run.sites.items():
+            path = Path(results["state_dir"]) / CHECKPOINT
+            if not path.exists():
+                log.warning("run %s: site %s has no checkpoint (%s); its final %s is left out", run.run_id, site, path, role)
+                continue
+            model = method.build_model()
+            model.load_state_dict(load_torch(path, map_location=device)["models"][role])
+            model = model.to(device).eval()
+            general[site] = {k: v for k, v in task.evaluate(model, pooled).items() if k in metrics}
+            own[site] = {k: v for k, v in task.evaluate(model, tests[site]).items() if k in metrics}
+        if general:
+            out[role] = {
+                "round": "last",
+                "generalization": {"values": {k: nanmean(v[k] for v in general.values()) for k in metrics}, "per_site": general},
+                "specialization": {"values": {k: nanmean(v[k] for v in own.values()) for k in metrics}, "per_site": own},
+            }
+    return out
 
 
 def cross_site_eval_result(

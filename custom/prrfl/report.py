@@ -19,6 +19,7 @@ from the task (`registry.task_class`).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import math
@@ -233,6 +234,8 @@ class SiteResult:
     ood: dict[str, float] | None
     history: list[dict[str, Any]]
     class_counts: list[int] | None = None  # training images (voxels) per class
+    reported_model: str | None = None  # the role whose metrics these are (PRR: "personal"); None: not recorded
+    select_from_round: int = 0  # the first round the best-on-validation selection considered
 
     @classmethod
     def load(cls, path: Path) -> SiteResult | None:
@@ -241,9 +244,31 @@ class SiteResult:
         data = load_json(path)
         if "site" not in data:
             return None
-        keys = ("seed", "run_id", "site", "cohort", "rounds_completed", "best", "last", "ood", "history", "class_counts")
+        keys = ("seed", "run_id", "site", "cohort", "rounds_completed", "best", "last", "ood", "history", "class_counts", "reported_model")
         method = variant_label(data.get("method"), data.get("method_args") or {})
-        return cls(path=path, task=data.get("task", LEGACY_TASK), method=method, **{k: data.get(k) for k in keys})
+        found = {k: data.get(k) for k in keys}
+        return cls(
+            path=path, task=data.get("task", LEGACY_TASK), method=method, select_from_round=data.get("select_from_round", 0), **found
+        )
+
+    def other_model_results(self) -> list[SiteResult]:
+        """The models the run evaluated every round beside the reported one (PRR's deputy D beside P), each as
+        a result of its own, labelled `<method>/<role>`: its rounds' valid and test metrics, its best round on
+        validation by the same rule as the reported model's, its last round. Runs recorded before the other
+        models were (no `other_models` in their rounds) give none."""
+        rounds = [h for h in self.history if h["kind"] == "round" and h.get("other_models")]
+        primary = task_class(self.task).metric_names[0]
+        out = []
+        for role in sorted({role for h in rounds for role in h["other_models"]}):
+            own = [{"kind": "round", "round": h["round"], "epochs_done": h["epochs_done"], **h["other_models"][role]} for h in rounds]
+            best = None
+            for h in own:  # the site loop's rule (prrfl.site.trainer.record_round): the first strict maximum
+                score = h["valid"][primary]
+                if h["round"] >= self.select_from_round and not math.isnan(score) and (best is None or score > best["valid"][primary]):
+                    best = {"round": h["round"], "valid": h["valid"], "test": h["test"]}
+            method = f"{self.method}/{role}"
+            out.append(dataclasses.replace(self, method=method, best=best, last=own[-1], ood=None, history=own, reported_model=role))
+        return out
 
     def identity(self) -> dict[str, Any]:
         """The columns that name this site's run in every tidy table."""
@@ -259,8 +284,9 @@ class SiteResult:
 def find_results(workspaces: Iterable[str | Path], methods: Sequence[str] | None = None, task: str | None = None) -> list[SiteResult]:
     """Every site results file under the workspaces (of the given methods and task only, if any).
 
-    A file reached through two overlapping workspaces counts once. Two runs of one method with the
-    same seed are refused: the paired test matches runs by seed, and silently picking one would hide
+    A file reached through two overlapping workspaces counts once. The other models a run recorded beside
+    the reported one come as results of their own (`SiteResult.other_model_results`: "prr/deputy" beside
+    "prr"). Two runs of one method with the same seed are refused: the paired test matches runs by seed, and silently picking one would hide
     which run the table shows.
     """
     found: dict[tuple[str, str, str], SiteResult] = {}
@@ -269,7 +295,9 @@ def find_results(workspaces: Iterable[str | Path], methods: Sequence[str] | None
             result = SiteResult.load(path)
             if result is not None and (not methods or result.method in methods) and (not task or result.task == task):
                 found.setdefault((result.method, result.run_id, result.site), result)
-    results = sorted(found.values(), key=lambda r: (r.task, r.method, r.seed, r.cohort, r.site))
+    loaded = list(found.values())
+    loaded += [other for r in loaded for other in r.other_model_results()]
+    results = sorted(loaded, key=lambda r: (r.task, r.method, r.seed, r.cohort, r.site))
     runs: dict[tuple[str, str, int], dict[str, Path]] = defaultdict(dict)
     for r in results:
         runs[(r.task, r.method, r.seed)].setdefault(r.run_id, r.path.parent)
@@ -289,7 +317,8 @@ def method_order(results: Sequence[SiteResult], methods: Sequence[str] | None, r
         missing = [m for m in methods if m not in present]
         if missing:
             log.warning("no results for method(s) %s: left out of the report", ", ".join(missing))
-        return [m for m in methods if m in present]
+        # each requested method's other models (its label + "/<role>") right after it
+        return [x for m in methods if m in present for x in (m, *sorted(d for d in present if d.startswith(f"{m}/")))]
     return sorted(present, key=lambda m: (m != reference, m))
 
 
@@ -412,20 +441,23 @@ def table_ii(
     cohorts = ordered((row["cohort"] for row in rows if row["split"] == "best_test"), site_order)
     first = metrics[0]
     header = ["method", "seeds"] + [f"{c} {label(m)}" for c in cohorts for m in metrics]
-    header += [f"Avg {label(m)}" for m in metrics] + [f"p ({label(first)} vs {reference})"]
+    header += [f"Avg {label(m)}" for m in metrics] + [f"Avg {label(first)}, last round", f"p ({label(first)} vs {reference})"]
+    last = values_by_method(rows, "last_test", first)
     body = []
     for method in methods:
         seeds = len({seed for (_, seed) in values[first].get(method, {})})
         cells = [method, str(seeds)]
         cells += [mean_std(_cohort_values(values[m].get(method, {}), c)) for c in cohorts for m in metrics]
         cells += [mean_std(_seed_averages(values[m].get(method, {}))) for m in metrics]
+        cells += [mean_std(_seed_averages(last.get(method, {})))]
         test = PairedTest(math.nan, "", 0)
         if method != reference and reference in values[first]:
             test = paired_test(values[first].get(method, {}), values[first][reference])
         body.append(cells + [str(test)])
     note = (
         f"Test {', '.join(label(m) for m in metrics)} (%) of each site's model at its best validation round; "
-        "Avg = mean over the sites of one run. With several seeds: mean ± sample std (ddof=1) over seeds. "
+        "Avg = mean over the sites of one run; 'last round': the same average of the models after the run's last "
+        "round, no selection. With several seeds: mean ± sample std (ddof=1) over seeds. "
         f"p: two-sided paired test of the per-(site, seed) test {label(first)} against {reference} "
         f"(Wilcoxon signed-rank when n ≥ {WILCOXON_MIN_PAIRS} pairs, else paired t-test 't'); "
         f"{MISSING} for the reference itself, fewer than 2 pairs, or an undefined test."
@@ -554,6 +586,7 @@ def retrogress_table(
     shared: dict[str, tuple[float, float, int]] | None = None,
     shared_p: dict[str, PairedTest] | None = None,
     reference: str = "prr",
+    models: dict[str, str] | None = None,
 ) -> str:
     """The reported models' drops (`summary`) and, beside them, the shared models' (`shared`, when any run
     recorded them) with their paired test against the reference's (`shared_p`): the drop that PFA is meant
@@ -568,8 +601,9 @@ def retrogress_table(
     def shared_cells(m: str) -> list[str]:
         return [*cells(shared.get(m)), str(shared_p[m]) if m in shared_p else MISSING]
 
-    body = [[m, *cells(summary[m])] + (shared_cells(m) if shared else []) for m in summary]
-    header = ["method", f"mean {label(metric)} drop", "std", "n"]
+    models = models or {}
+    body = [[m, models.get(m, "the method's"), *cells(summary[m])] + (shared_cells(m) if shared else []) for m in summary]
+    header = ["method", "model scored", f"mean {label(metric)} drop", "std", "n"]
     note = (
         f"Drop = test {label(metric)} after the last local epoch of round r-1 minus test {label(metric)} right "
         "after the download of round r (r ≥ 1), per site; mean and sample std over sites, rounds and seeds. "
@@ -596,8 +630,29 @@ def runs_table(results: Sequence[SiteResult], methods: Sequence[str]) -> str:
     body = []
     for (method, seed, run_id), sites in sorted(runs.items(), key=lambda kv: (methods.index(kv[0][0]), kv[0][1])):
         rounds = sorted({s.rounds_completed for s in sites})
-        body.append([method, str(seed), run_id, ", ".join(f"{s.site} ({s.cohort})" for s in sites), "/".join(map(str, rounds))])
-    return _markdown(["method", "seed", "run id", "sites", "rounds completed"], body)
+        sites_cell = ", ".join(f"{s.site} ({s.cohort})" for s in sites)
+        body.append([method, _model_name(sites[0]), str(seed), run_id, sites_cell, "/".join(map(str, rounds))])
+    return _markdown(["method", "model scored", "seed", "run id", "sites", "rounds completed"], body)
+
+
+def _model_name(result: SiteResult) -> str:
+    """The role a result scores, as the tables name it ("personal" for PRR's P); "the method's" when the run
+    did not record it (runs written before results named their model)."""
+    return result.reported_model or "the method's"
+
+
+def _models_note(results: Sequence[SiteResult], methods: Sequence[str]) -> str:
+    """A line naming the model behind each row of a method with several models (PRR: P and D)."""
+    roles = {r.method: _model_name(r) for r in results}
+    derived = [m for m in methods if "/" in m]
+    if not derived:
+        return ""
+    parents = sorted({m.rsplit("/", 1)[0] for m in derived})
+    rows = "; ".join(f"{p}: its reported model ({roles.get(p, '?')})" for p in parents)
+    return (
+        f"\nRows name the model they score: {rows}; <method>/<role>: the other model the same run trained and evaluated "
+        "every round (PRR's deputy D), selected on validation by the same rule.\n"
+    )
 
 
 # ----- figures -----------------------------------------------------------------------------
@@ -767,8 +822,9 @@ def _save(fig, path: Path) -> Path:
 # ----- FCA's generalization / specialization protocol ----------------------------------------
 PROTOCOL_LABELS = {"auc": "bAUC"}  # FCA's name: the mean one-vs-rest AUC over the classes present
 GENERALIZATION_MODELS = {
-    "global": "global model (last round)",
-    "sites": "each site's model, mean over sites",
+    "global": "one global model (last round)",
+    "sites": "each site's reported model (best round), mean over sites",
+    "sites_last": "each site's model after the last round, mean over sites",
     None: "not evaluated (FLARE's cross-site evaluation: no pooled test split)",
 }
 
@@ -796,7 +852,22 @@ def protocol_results(results: Sequence[SiteResult]) -> list[dict[str, Any]]:
                 else:
                     log.warning("run %s (%s): no generalization/specialization evaluation: %s", r.run_id, workspace, e)
         found[r.run_id] = {**load_json(path), "method": r.method} if path.exists() else None  # the run's label
-    return [p for p in found.values() if p is not None]
+    protocols = [p for p in found.values() if p is not None]
+    for p in list(protocols):  # the other models a run scored (PRR's deputy), as rows of their own
+        for role, part in (p.get("other_models") or {}).items():
+            general = {"model": "sites_last", **part["generalization"]}
+            protocols.append(
+                {
+                    **p,
+                    "method": f"{p['method']}/{role}",
+                    "reported_model": role,
+                    "generalization": general,
+                    "specialization": part["specialization"],
+                    "cross_site": {},
+                    "other_models": {},
+                }
+            )
+    return protocols
 
 
 def protocol_table(protocols: Sequence[dict[str, Any]], methods: Sequence[str], metrics: Sequence[str]) -> str:
@@ -816,7 +887,9 @@ def protocol_table(protocols: Sequence[dict[str, Any]], methods: Sequence[str], 
     note = (
         "FCA's protocol, in percent. Spec: each site's model at its best validation round on its own test split, "
         "mean over the sites. Gen: the test splits of all sites pooled, scored by the method's global model after "
-        "the last round when it has one, else by each site's model (mean over the sites). "
+        "the last round when it has one, else by each site's model (mean over the sites): two protocols, named "
+        "in the third column. <method>/<role> rows: the other model of the run (PRR's deputy D), each site's after "
+        "the last round, scored both ways. "
         + ("bAUC: the mean one-vs-rest AUC over the classes present (Table II's AUC). " if "auc" in metrics else "")
         + "With several seeds: mean ± sample std over seeds. The cross-site matrices are in each run's crosseval.json."
     )
@@ -836,7 +909,8 @@ def cross_site_table(protocols: Sequence[dict[str, Any]], method: str, metric: s
                 cells[(cohorts[model_site], cohorts[test_site])].append(values[metric])
     models = ordered({m for m, _ in cells}, site_order)
     tests = ordered({t for _, t in cells}, site_order)
-    body = [[f"{m}'s model"] + [mean_std(cells.get((m, t), [])) for t in tests] for m in models]
+    role = next((p.get("reported_model") for p in protocols if p["method"] == method and p.get("reported_model")), None)
+    body = [[f"{m}'s {role or 'model'}"] + [mean_std(cells.get((m, t), [])) for t in tests] for m in models]
     return _markdown([f"{method}: {label(metric)} on →"] + tests, body)
 
 
@@ -872,13 +946,16 @@ def build_report(
     summary, shared_summary = retrogress_summary(drops, order), retrogress_summary(shared_drops, order)
     shared_p = shared_drop_tests(shared_drops, order, reference)
     figures = _figures(results, curves or order, summary, out, reference, primary, shared_summary)
+    models = {r.method: _model_name(r) for r in results}
     overlays = plot_overlays(results, order, out / "overlays.png", facts.site_names)  # segmentation runs write examples
     figures += [overlays] if overlays else []
     names = " and ".join([", ".join(label(m) for m in metrics[:-1]), label(metrics[-1])] if len(metrics) > 1 else [label(metrics[0])])
     sections = [
         f"# Results: {facts.name}\n",
         f"## Runs\n\n{runs_table(results, order)}\n",
-        f"## {facts.paper_table}: per-site test {names}\n\n{table_ii(rows, order, reference, metrics, facts.site_names)}\n",
+        f"## {facts.paper_table}: per-site test {names}\n\n{table_ii(rows, order, reference, metrics, facts.site_names)}\n"
+        + (f"\n{facts.table_note}\n" if facts.table_note else "")
+        + _models_note(results, order),
     ]
     ablations = ablation_table(rows, order, reference, metrics)
     if ablations:
@@ -890,7 +967,11 @@ def build_report(
     if protocols:
         table = protocol_table(protocols, order, facts.protocol_metrics)
         sections.append(f"## Generalization and specialization (FCA's protocol, its Table 4 layout)\n\n{table}\n")
-        matrices = [cross_site_table(protocols, m, primary, facts.site_names) for m in order if any(p["method"] == m for p in protocols)]
+        matrices = [
+            cross_site_table(protocols, m, primary, facts.site_names)
+            for m in order
+            if any(p["method"] == m and p["cross_site"] for p in protocols)
+        ]
         sections.append(
             f"## Cross-site matrix: test {label(primary)} of each site's best model on every site's test split\n\n"
             + "\n\n".join(matrices)
@@ -900,7 +981,7 @@ def build_report(
     if minority:
         sections.append(f"## Class imbalance: the rarest class's recall\n\n{minority}\n")
     sections += [
-        f"## Retrogress after communication\n\n{retrogress_table(summary, primary, shared_summary, shared_p, reference)}\n",
+        f"## Retrogress after communication\n\n{retrogress_table(summary, primary, shared_summary, shared_p, reference, models)}\n",
         "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n",
     ]
     return save_text("\n".join(sections), out / "report.md")

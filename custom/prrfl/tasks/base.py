@@ -97,6 +97,7 @@ class Task:
     metric_names: ClassVar[tuple[str, ...]]  # the task's main metrics, the primary one (selection, DET) first
     table_metrics: ClassVar[tuple[str, ...]]  # the test metrics of the per-site tables, in their order
     protocol_metrics: ClassVar[tuple[str, ...]]  # of FCA's generalization/specialization protocol (prrfl.crosseval)
+    table_note: ClassVar[str] = ""  # what a reader of the per-site table must know about its metrics (the report prints it)
     sample_noun: ClassVar[str] = "images"  # what num_train counts, for messages
     eval_batch_size: ClassVar[int] = 64  # samples per evaluation chunk: bounds a site's memory (benchmarks/memory.py)
 

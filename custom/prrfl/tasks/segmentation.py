@@ -127,6 +127,12 @@ class SegmentationTask(Task):
     # the papers' tables (TMI Table III) average over slices: those columns first, the volumes' beside them
     table_metrics = ("slice_dice", "slice_iou", "dice", "iou")
     protocol_metrics = ("dice",)
+    table_note = (
+        "Dice and IoU per slice: each test slice's overlap of the foreground, averaged over the slices of the site; "
+        "a slice without foreground in the truth and the prediction counts 100, one with foreground predicted on it "
+        "and none in the truth 0, so a model that predicts nothing still scores the share of empty slices. Dice and "
+        "IoU per volume: each test volume's overlap over all its voxels, averaged over the volumes of the site."
+    )
     sample_noun = "slices"
     eval_batch_size = 32
     image_size: int
