@@ -78,6 +78,14 @@ def test_prr_has_no_global_model_so_each_sites_model_scores_generalization(finis
         reported = json.loads((ws / site / "prrfl/derm_prr/results.json").read_text())["best"]["test"]
         assert result["cross_site"][site][site] == reported  # the reported model, re-evaluated: the same numbers
         assert result["specialization"]["per_site"][site] == {"bacc": reported["bacc"], "auc": reported["auc"]}
+    # the deputy D, each site's after the last round (its checkpoint), scored both ways: its own test split gives
+    # what the site recorded for D in its last round
+    assert result["reported_model"] == "personal" and list(result["other_models"]) == ["deputy"]
+    deputy = result["other_models"]["deputy"]
+    for site in ("site-1", "site-2"):
+        last = json.loads((ws / site / "prrfl/derm_prr/results.json").read_text())["last"]["other_models"]["deputy"]["test"]
+        assert deputy["specialization"]["per_site"][site] == {"bacc": last["bacc"], "auc": last["auc"]}
+    assert set(deputy["generalization"]["per_site"]) == {"site-1", "site-2"}
 
 
 def test_flares_cross_site_evaluation_scores_every_best_model_on_every_sites_test_split(finished_run):
