@@ -5,7 +5,7 @@
 # (benchmarks/keep_results.py: results.json, crosseval.json, the .done.json marker; no models) are copied
 # into docs/results/bench/<task>, and a run whose marker is there already is skipped.
 #
-# PLAN=core (default): for each seed, prostate PRR, PRR with det_rescue=0.7, FedAvg and FedBN, then
+# PLAN=core (default): for each seed, prostate PRR, FedAvg, FedBN and PRR with det_rescue=0.9, then
 # dermoscopy PRR, FedAvg and FedBN. PLAN=full adds FML, FCA (dermoscopy only) and HarmoFL, and the three
 # PRR ablations of Table IV on dermoscopy (docs/results/bench/derm_ablation). Seeds in order, so a partial
 # plan is a complete comparison for its first seeds.
@@ -70,7 +70,7 @@ failed_in_a_row=0
 
 for seed in $seeds; do
   for method in prr fedavg fedbn; do run prostate "$seed" "$method" bench/prostate; done
-  run prostate "$seed" prr bench/prostate_rescue --set method_args.det_rescue=0.7
+  run prostate "$seed" prr bench/prostate_rescue --set method_args.det_rescue=0.9
   for method in prr fedavg fedbn; do run derm "$seed" "$method" bench/derm; done
   if [ "$plan" = full ]; then
     for method in fml harmofl; do run prostate "$seed" "$method" bench/prostate; done

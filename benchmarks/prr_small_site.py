@@ -13,7 +13,7 @@ Variants (each a job setting, `--set` style):
   prr               the paper's PRR (KL distillation, DET on the validation split)
   no_distillation   P trains on its site's slices alone (det_phases=["recover"]: only D distils, from P)
   mse10             the authors' segmentation distillation: 10 x MSE of the softmax maps
-  rescue            det_rescue=0.7: P takes D's weights when phi(P) < 0.7 phi(D)
+  rescue            det_rescue=0.9: P takes D's weights when phi(P) < 0.9 phi(D)
   extended_aug      data.augmentation=extended (gamma, contrast, noise, zoom; a protocol change: for reading only)
   fedbn             FedBN on the same federation (shared convolutions, local BatchNorm)
 """
@@ -40,7 +40,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "prr": ("prr", []),
     "no_distillation": ("prr", ['method_args.det_phases=["recover"]']),
     "mse10": ("prr", ["method_args.distillation=mse", "method_args.distill_weight=10"]),
-    "rescue": ("prr", ["method_args.det_rescue=0.7"]),
+    "rescue": ("prr", ["method_args.det_rescue=0.9"]),
     "extended_aug": ("prr", ["data.augmentation=extended"]),
     "fedbn": ("fedbn", []),
 }
