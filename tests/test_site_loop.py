@@ -185,6 +185,10 @@ def test_results_and_best_model_are_written(tiny_task, tmp_path):
     assert kinds == ["epoch", "epoch", "round", "download", "epoch", "epoch", "round"]
     assert [h["epochs_done"] for h in results["history"]] == [1, 2, 2, 2, 3, 4, 4]
     assert (site.state_dir / "best_personal.pt").exists()
+    from prrfl.site.state import code_commit
+
+    # what produced the numbers: the code's commit (this checkout's), the model they score, the selection rule
+    assert results["code_commit"] == code_commit() and results["reported_model"] == "personal" and results["select_from_round"] == 0
 
 
 def test_every_best_model_has_a_model_card_beside_it(tiny_task, tmp_path):

@@ -344,6 +344,7 @@ class SiteRuntime:
             "method_args": self.cfg.method_args,  # the options set for this run (an ablation's switches)
             "reported_model": self.method.eval_role,  # the model whose metrics are `best`, `last` and `history`'s valid/test
             "select_from_round": self.cfg.select_from_round,  # the first round `best` was chosen among
+            "code_commit": code_commit(),  # the code that produced these numbers (None outside a git checkout)
             "run_name": self.cfg.run_name,
             "run_id": self.run_id,
             "seed": self.cfg.seed,
