@@ -14,6 +14,7 @@ Variants (each a job setting, `--set` style):
   no_distillation   P trains on its site's slices alone (det_phases=["recover"]: only D distils, from P)
   mse10             the authors' segmentation distillation: 10 x MSE of the softmax maps
   rescue            det_rescue=0.9: P takes D's weights when phi(P) < 0.9 phi(D)
+  no_pfa            pfa_enabled=false: D receives the plain average of the deputies' shared weights (FedBN-like)
   extended_aug      data.augmentation=extended (gamma, contrast, noise, zoom; a protocol change: for reading only)
   fedbn             FedBN on the same federation (shared convolutions, local BatchNorm)
 """
@@ -41,6 +42,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "no_distillation": ("prr", ['method_args.det_phases=["recover"]']),
     "mse10": ("prr", ["method_args.distillation=mse", "method_args.distill_weight=10"]),
     "rescue": ("prr", ["method_args.det_rescue=0.9"]),
+    "no_pfa": ("prr", ["method_args.pfa_enabled=false"]),
     "extended_aug": ("prr", ["data.augmentation=extended"]),
     "fedbn": ("fedbn", []),
 }

@@ -497,7 +497,7 @@ def test_the_other_model_of_a_run_gets_rows_of_its_own_selected_by_the_same_rule
     deputy = [r for r in results if r.method == "prr/deputy"]
     assert len(deputy) == 4 and all(r.reported_model == "deputy" for r in deputy)
     assert {(r.best["round"], r.best["test"]["f1"], r.last["test"]["f1"]) for r in deputy} == {(1, 11.0, 12.0)}
-    assert method_order(results, ["prr"], "prr") == ["prr", "prr/deputy"]
+    assert method_order(results, ["prr"], "prr") == method_order(results, None, "prr") == ["prr", "prr/deputy"]
     table = table_ii(long_rows(results), ["prr", "prr/deputy"], "prr", DERM_METRICS)
     assert cell(table, "prr/deputy")[10] == "11.00" and cell(table, "prr/deputy")[12] == "12.00"
     report = build_report([tmp_path], tmp_path / "report").read_text()

@@ -319,7 +319,7 @@ def method_order(results: Sequence[SiteResult], methods: Sequence[str] | None, r
             log.warning("no results for method(s) %s: left out of the report", ", ".join(missing))
         # each requested method's other models (its label + "/<role>") right after it
         return [x for m in methods if m in present for x in (m, *sorted(d for d in present if d.startswith(f"{m}/")))]
-    return sorted(present, key=lambda m: (m != reference, m))
+    return sorted(present, key=lambda m: (m.split("/")[0] != reference, m.split("/")[0], m))  # "prr/deputy" after "prr"
 
 
 # ----- tidy tables -------------------------------------------------------------------------
