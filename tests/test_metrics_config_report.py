@@ -75,7 +75,13 @@ def test_results_table_reports_best_round_test_metrics_and_the_mean():
     }
     table = results_table(summaries, ("f1", "auc"))
     assert "| site-1 | 3 | 70.00 | 90.00 |" in table
-    assert "| **mean** | | **65.00** | **85.00** |" in table
+    assert table.endswith("| **mean** | | **65.00** | **85.00** |")
+    # a segmentation task's per-slice rule stands under its table
+    from prrfl.tasks.prostate import ProstateTask
+
+    noted = results_table(summaries, ("f1", "auc"), ProstateTask.table_note)
+    assert noted == table + "\n\n" + ProstateTask.table_note
+    assert "without foreground in the truth and the prediction counts 100" in ProstateTask.table_note
 
 
 def test_cli_overrides_reach_nested_fields_and_parse_json():

@@ -278,4 +278,4 @@ class Federation:
         if state.history:
             last = state.history[-1]
             params = self.method.global_params({s: state.downloads[s] for s in last["sites"]})
-        return results, params, results_table(sites, metrics=self.task.table_metrics)
+        return results, params, results_table(sites, metrics=self.task.table_metrics, note=self.task.table_note)

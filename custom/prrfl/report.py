@@ -66,10 +66,11 @@ def participation(history: list[dict[str, Any]], sites: list[str]) -> dict[str, 
     return out
 
 
-def results_table(summaries: dict[str, dict[str, Any]], metrics: Sequence[str]) -> str:
+def results_table(summaries: dict[str, dict[str, Any]], metrics: Sequence[str], note: str = "") -> str:
     """Markdown table: one row per site (test metrics at its best validation round) and the mean. With
     the server's `participation` in the summaries, a column of rounds taken part in, and a mark plus a
-    note for every site whose numbers are stale or that missed rounds."""
+    note for every site whose numbers are stale or that missed rounds; then `note` (the task's
+    `table_note`: how its metrics count)."""
     with_rounds = any("participation" in s for s in summaries.values())
     header = "| site | best round | " + ("rounds | " if with_rounds else "") + " | ".join(f"test {label(m)}" for m in metrics) + " |"
     lines = [header, "|" + "---|" * (2 + with_rounds + len(metrics))]
@@ -100,7 +101,7 @@ def results_table(summaries: dict[str, dict[str, Any]], metrics: Sequence[str]) 
         lines.append(f"| {name} | {best.get('round', '-')} | {rounds}" + " | ".join(values) + " |")
     means = [nanmean(columns[m]) for m in metrics]
     lines.append("| **mean** | | " + ("| " if with_rounds else "") + " | ".join(f"**{v:.2f}**" for v in means) + " |")
-    return "\n".join(lines + ([""] + notes if notes else []))
+    return "\n".join(lines + ([""] + notes if notes else []) + (["", note] if note else []))
 
 
 # ----- the runs under a folder, for `prrfl results` -------------------------------------------
@@ -125,7 +126,7 @@ class RunResults:
     def table(self) -> str:
         """The per-site table; then the cross-site matrix of the task's primary metric, when the run has one."""
         facts = task_class(self.task)
-        table = results_table(self.summaries, facts.table_metrics)
+        table = results_table(self.summaries, facts.table_metrics, facts.table_note)
         if self.crosseval:
             matrix = cross_site_table([self.crosseval], self.crosseval["method"], facts.metric_names[0], facts.site_names)
             table += f"\n\nCross-site evaluation: each site's best model (rows) on each site's test split\n\n{matrix}"
