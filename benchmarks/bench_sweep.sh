@@ -5,8 +5,8 @@
 # (benchmarks/keep_results.py: results.json, crosseval.json, the .done.json marker; no models) are copied
 # into docs/results/bench/<task>, and a run whose marker is there already is skipped.
 #
-# PLAN=core (default): for each seed, prostate PRR, FedAvg, FedBN and PRR with det_rescue=0.9, then
-# dermoscopy PRR, FedAvg and FedBN. PLAN=full adds FML, FCA (dermoscopy only) and HarmoFL, and the three
+# PLAN=core (default): for each seed, prostate PRR, FedAvg, FedBN, PRR with det_rescue=0.9 and PRR without
+# each of PFA, DET and CPA (docs/results/bench/prostate_ablation), then dermoscopy PRR, FedAvg and FedBN. PLAN=full adds FML, FCA (dermoscopy only) and HarmoFL, and the three
 # PRR ablations of Table IV on dermoscopy (docs/results/bench/derm_ablation). Seeds in order, so a partial
 # plan is a complete comparison for its first seeds.
 #
@@ -36,6 +36,8 @@ reports() {  # each folder's report from every run kept so far (a sweep's own re
   ls -d "$r"/derm/*_s[0-9] > /dev/null 2>&1 && prrfl report "$r"/derm/*_s[0-9] --out "$r"/derm/report > /dev/null
   ls -d "$r"/prostate/*_s[0-9] > /dev/null 2>&1 &&
     prrfl report "$r"/prostate/*_s[0-9] $(ls -d "$r"/prostate_rescue/*_s[0-9] 2> /dev/null) --out "$r"/prostate/report > /dev/null
+  ls -d "$r"/prostate_ablation/*/prr_s[0-9] > /dev/null 2>&1 &&
+    prrfl report "$r"/prostate/prr_s[0-9] "$r"/prostate_ablation/*/prr_s[0-9] --out "$r"/prostate_ablation/report > /dev/null
   ls -d "$r"/derm_ablation/*/prr_s[0-9] > /dev/null 2>&1 &&
     prrfl report "$r"/derm/prr_s[0-9] "$r"/derm_ablation/*/prr_s[0-9] --out "$r"/derm_ablation/report > /dev/null
 }
@@ -71,6 +73,10 @@ failed_in_a_row=0
 for seed in $seeds; do
   for method in prr fedavg fedbn; do run prostate "$seed" "$method" bench/prostate; done
   run prostate "$seed" prr bench/prostate_rescue --set method_args.det_rescue=0.9
+  # which of PRR's parts costs the small sites: PRR without PFA, without DET, without CPA (Table IV's switches)
+  run prostate "$seed" prr bench/prostate_ablation/no_pfa --set method_args.pfa_enabled=false
+  run prostate "$seed" prr bench/prostate_ablation/no_det --set method_args.det_enabled=false
+  run prostate "$seed" prr bench/prostate_ablation/no_cpa --set method_args.cpa_global=false --set method_args.cpa_local=false
   for method in prr fedavg fedbn; do run derm "$seed" "$method" bench/derm; done
   if [ "$plan" = full ]; then
     for method in fml harmofl; do run prostate "$seed" "$method" bench/prostate; done
