@@ -6,9 +6,10 @@
 # into docs/results/bench/<task>, and a run whose marker is there already is skipped.
 #
 # PLAN=core (default): for each seed, prostate PRR, FedAvg, FedBN, PRR with det_rescue=0.9 and PRR without
-# each of PFA, DET and CPA (docs/results/bench/prostate_ablation), then dermoscopy PRR, FedAvg and FedBN. PLAN=full adds FML, FCA (dermoscopy only) and HarmoFL, and the three
-# PRR ablations of Table IV on dermoscopy (docs/results/bench/derm_ablation). Seeds in order, so a partial
-# plan is a complete comparison for its first seeds.
+# each of PFA, DET and CPA (docs/results/bench/prostate_ablation), then dermoscopy PRR, FedAvg and FedBN.
+# PLAN=full adds FML, FCA (dermoscopy only) and HarmoFL, and the three PRR ablations of Table IV on
+# dermoscopy (docs/results/bench/derm_ablation). Seeds in order, so a partial plan is a complete comparison
+# for its first seeds.
 #
 #   bash benchmarks/bench_sweep.sh                 # the core plan, seeds 0, 1, 2
 #   SEEDS="0" PLAN=full bash benchmarks/bench_sweep.sh
