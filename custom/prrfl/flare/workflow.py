@@ -189,7 +189,7 @@ class PersonalizedWorkflow(PerClientController):
             if self.memory_gc_rounds and (round_idx + 1) % self.memory_gc_rounds == 0:
                 cleanup_memory()
             summaries = outcome.summary.summaries
-            self._log_round(round_idx, summaries, task.primary_metric)
+            self._log_round(round_idx, summaries, task.primary_metric, method.eval_role)
             self._track_round(round_idx, summaries, method.server_scalars(outcome.downloads), task.primary_metric)
 
         self._finish(federation, state, state_dir)
@@ -288,14 +288,14 @@ class PersonalizedWorkflow(PerClientController):
         return outcome.state
 
     # ----- reporting -------------------------------------------------------------------
-    def _log_round(self, round_idx: int, summaries: dict[str, Any], metric: str) -> None:
+    def _log_round(self, round_idx: int, summaries: dict[str, Any], metric: str, role: str) -> None:
         parts = []
         for site, summary in sorted(summaries.items()):
             last = (summary.get("last") or {}).get("test", {})
             if metric in last:
                 parts.append(f"{site} {metric}={last[metric]:.1f}")
         rss = psutil.Process().memory_info().rss / 2**20  # benchmarks/memory.py follows it over the rounds
-        self.info(f"round {round_idx} done (server RSS {rss:.0f} MiB); test of the personalized models: " + ", ".join(parts))
+        self.info(f"round {round_idx} done (server RSS {rss:.0f} MiB); test of each site's reported model ({role}): " + ", ".join(parts))
 
     def _track_round(self, round_idx: int, summaries: dict[str, Any], method_scalars: dict[str, float], metric: str) -> None:
         """The federation's tracking run (prrfl.flare.tracking), on the sites' x axis (local epochs done):
