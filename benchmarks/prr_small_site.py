@@ -15,6 +15,7 @@ Variants (each a job setting, `--set` style):
   mse10             the authors' segmentation distillation: 10 x MSE of the softmax maps
   rescue            det_rescue=0.9: P takes D's weights when phi(P) < 0.9 phi(D)
   no_pfa            pfa_enabled=false: D receives the plain average of the deputies' shared weights (FedBN-like)
+  kept_optimizers   optimizers=kept: Adam's moments carry over from round to round
   extended_aug      data.augmentation=extended (gamma, contrast, noise, zoom; a protocol change: for reading only)
   fedbn             FedBN on the same federation (shared convolutions, local BatchNorm)
 """
@@ -43,6 +44,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "mse10": ("prr", ["method_args.distillation=mse", "method_args.distill_weight=10"]),
     "rescue": ("prr", ["method_args.det_rescue=0.9"]),
     "no_pfa": ("prr", ["method_args.pfa_enabled=false"]),
+    "kept_optimizers": ("prr", ["method_args.optimizers=kept"]),
     "extended_aug": ("prr", ["data.augmentation=extended"]),
     "fedbn": ("fedbn", []),
 }
