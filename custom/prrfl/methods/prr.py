@@ -241,7 +241,8 @@ class PRR(Method):
                 site.models["personal"].load_state_dict(site.models["deputy"].state_dict())
                 site.optimizers["personal"].load_state_dict(site.optimizers["deputy"].state_dict())
                 personal = deputy
-            site.log_scalar("det/rescue", float(rescue), step)
+            if o.det_rescue is not None:
+                site.log_scalar("det/rescue", float(rescue), step)
             phase = det.next_phase(mem["phase"], deputy, personal, l1=o.l1, l2=o.l2, just_downloaded=epoch == 0)
             mem["phase"] = allowed_phase(phase, self.opt.phases)
             for phase_name in PHASE_NAMES:  # 1 for the phase of this epoch, by name
