@@ -152,8 +152,9 @@ def record_round(site: SiteRuntime, round_idx: int, timing: dict[str, float]) ->
     entry = {"kind": "round", "round": round_idx, "epochs_done": step + 1, "valid": valid, "test": test, "timing": timing}
     if others:
         entry["other_models"] = others
-    if site.cfg.eval_test_every_epoch:
-        entry["shared_test"] = shared_test(site, test)
+    if site.cfg.eval_test_every_epoch:  # the uploaded model's test: measured above when it is one of the others
+        uploaded = site.method.upload_role
+        entry["shared_test"] = others[uploaded]["test"] if uploaded in others else shared_test(site, test)
     site.history.append(entry)
     score = valid[metric]
     eligible = round_idx >= site.cfg.select_from_round and not math.isnan(score)
