@@ -113,3 +113,9 @@ def dice_iou(pred_mask: np.ndarray, true_mask: np.ndarray) -> dict[str, float]:
     if total == 0:
         return {"dice": 100.0, "iou": 100.0}
     return {"dice": 100.0 * 2 * inter / total, "iou": 100.0 * inter / union}
+
+
+def improves(best: float | None, score: float, round_idx: int, select_from_round: int) -> bool:
+    """Whether a round's validation `score` becomes the new best: the round is eligible (>= select_from_round),
+    the score is a number, and it beats the best so far (None: none yet) strictly, so the first maximum stays."""
+    return round_idx >= select_from_round and not math.isnan(score) and (best is None or score > best)

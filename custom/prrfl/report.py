@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from prrfl.crosseval import CROSSEVAL_FILE
-from prrfl.metrics import download_drops, label, nanmean, shared_model_drops
+from prrfl.metrics import download_drops, improves, label, nanmean, shared_model_drops
 from prrfl.registry import task_class
 from prrfl.storage import load_json, save_text
 
@@ -263,9 +263,8 @@ class SiteResult:
         for role in sorted({role for h in rounds for role in h["other_models"]}):
             own = [{"kind": "round", "round": h["round"], "epochs_done": h["epochs_done"], **h["other_models"][role]} for h in rounds]
             best = None
-            for h in own:  # the site loop's rule (prrfl.site.trainer.record_round): the first strict maximum
-                score = h["valid"][primary]
-                if h["round"] >= self.select_from_round and not math.isnan(score) and (best is None or score > best["valid"][primary]):
+            for h in own:  # the site loop's rule (prrfl.metrics.improves)
+                if improves(None if best is None else best["valid"][primary], h["valid"][primary], h["round"], self.select_from_round):
                     best = {"round": h["round"], "valid": h["valid"], "test": h["test"]}
             method = f"{self.method}/{role}"
             out.append(dataclasses.replace(self, method=method, best=best, last=own[-1], ood=None, history=own, reported_model=role))

@@ -10,7 +10,7 @@ import time
 import torch
 
 from prrfl.messages import Download, Upload
-from prrfl.metrics import shared_model_drops
+from prrfl.metrics import improves, shared_model_drops
 from prrfl.site.state import SiteRuntime
 from prrfl.site.view import SiteView
 
@@ -156,9 +156,7 @@ def record_round(site: SiteRuntime, round_idx: int, timing: dict[str, float]) ->
         uploaded = site.method.upload_role
         entry["shared_test"] = others[uploaded]["test"] if uploaded in others else shared_test(site, test)
     site.history.append(entry)
-    score = valid[metric]
-    eligible = round_idx >= site.cfg.select_from_round and not math.isnan(score)
-    if eligible and (site.best is None or score > site.best["valid"][metric]):
+    if improves(None if site.best is None else site.best["valid"][metric], valid[metric], round_idx, site.cfg.select_from_round):
         site.best = {"round": round_idx, "valid": valid, "test": test}
         site.save_best(role, round_idx, valid, test)
-        log.info("site %s: new best %s %.2f at round %d", site.name, metric, score, round_idx)
+        log.info("site %s: new best %s %.2f at round %d", site.name, metric, valid[metric], round_idx)
