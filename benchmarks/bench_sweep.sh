@@ -15,6 +15,7 @@
 #   SEEDS="0" PLAN=full bash benchmarks/bench_sweep.sh
 #   SWEEPS=/scratch/sweeps NICE=19 bash benchmarks/bench_sweep.sh
 #   RESULTS=/path/to/checkout/docs/results bash benchmarks/bench_sweep.sh   # run from a fixed worktree, keep elsewhere
+#   ONLY="fedavg fedbn" bash benchmarks/bench_sweep.sh   # only these methods' runs of the plan
 #
 # After each run the reports of docs/results/bench/{derm,prostate,derm_ablation}/report are rebuilt from every
 # run kept so far (the ablation report: PRR's own runs beside its variants).
@@ -49,6 +50,7 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
   local sites=4 ws=$sweeps/$folder dst=$results/$folder
   [ "$task" = prostate ] && sites=5
   local name=${method}_s$seed
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $method "* ]]; then return 0; fi
   if [ -f "$dst/$name.done.json" ]; then echo "$folder $name: kept already, skipped"; return 0; fi
   mkdir -p "$dst" "$ws"
   python benchmarks/keep_results.py "$dst" "$ws" > /dev/null  # the finished runs, so the report covers them
