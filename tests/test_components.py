@@ -19,6 +19,7 @@ from prrfl.flare.components import (
     GLOBAL_PROTOTYPE_PRESENT,
     GLOBAL_PROTOTYPES,
     NUM_SAMPLES,
+    NUM_STEPS,
     PFA_R,
     PROTOTYPE_PRESENT,
     PROTOTYPES,
@@ -32,9 +33,8 @@ from prrfl.flare.components import (
     PrototypeExchange,
     PrototypeTracker,
 )
-from prrfl.flare.components.aggregators import uploads
 from prrfl.flare.components.workflow import full_weights
-from prrfl.methods.aggregation import site_weights
+from prrfl.server.aggregation import as_uploads, local_batchnorm_keys, site_weights
 
 BN = ("bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked")
 
@@ -70,13 +70,14 @@ SAMPLES = {"site-1": 10, "site-2": 30, "site-3": 60}
 @pytest.mark.parametrize("weighting", ["uniform", "samples"])
 def test_fourier_aggregator_is_pfa_aggregate_with_the_same_arguments(components, weighting):
     aggregator = FourierAggregator(r0=0.2, r1=0.45, components=components, weighting=weighting, classifier_key="fc2.weight")
+    aggregator.use_model(Net())  # its BatchNorm layer stays at each client
     out = aggregator.aggregate_states(STATES, SAMPLES, round_idx=1, num_rounds=4)
     r = pfa_threshold(1, 4, r0=0.2, r1=0.45)
     # what PRR.aggregate calls: the weights of site_weights over the uploads in the same order
     expected = pfa_aggregate(
         list(STATES.values()),
         r,
-        weights=site_weights(uploads(STATES, SAMPLES), weighting),
+        weights=site_weights(as_uploads(STATES, SAMPLES), weighting),
         components=components,
         classifier_key="fc2.weight",
     )
@@ -90,8 +91,10 @@ def test_fourier_aggregator_is_pfa_aggregate_with_the_same_arguments(components,
 
 
 def test_fourier_aggregator_uniform_weights_equal_pfa_without_weights():
-    out = FourierAggregator().aggregate_states(STATES, {}, round_idx=0, num_rounds=3)
-    expected = pfa_aggregate(list(STATES.values()), 0.35)
+    aggregator = FourierAggregator()
+    aggregator.use_model(Net())
+    out = aggregator.aggregate_states(STATES, {}, round_idx=0, num_rounds=3)
+    expected = pfa_aggregate(list(STATES.values()), 0.35)  # BatchNorm found by name: the same keys here
     assert all(torch.equal(out[c][k], e[k]) for c, e in zip(STATES, expected) for k in e)
 
 
@@ -126,9 +129,19 @@ def test_fedavg_is_the_hand_computed_weighted_average_for_every_client():
     assert out["a"]["fc.weight"].data_ptr() != out["b"]["fc.weight"].data_ptr()  # no shared storage between clients
 
 
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn = nn.Linear(2, 1), nn.BatchNorm1d(1)
+
+
 def test_fedbn_averages_all_but_batchnorm():
     states = {"a": tiny(1.0, 2.0, 4.0), "b": tiny(5.0, -2.0, 8.0)}
-    out = FedBNAggregator().aggregate_states(states, {"a": 1, "b": 3}, 0, 1)
+    aggregator = FedBNAggregator()
+    with pytest.raises(ValueError, match="which keys stay"):  # no model, no keys: it cannot know what BatchNorm is
+        aggregator.aggregate_states(states, {"a": 1, "b": 3}, 0, 1)
+    aggregator.use_model(Tiny())  # the BatchNorm layers by type (a key the clients do not send is not there to keep)
+    out = aggregator.aggregate_states(states, {"a": 1, "b": 3}, 0, 1)
     for client, own in (("a", 4.0), ("b", 8.0)):
         assert torch.equal(out[client]["fc.weight"], torch.tensor([[4.0, -1.0]]))
         assert torch.equal(out[client]["bn.running_mean"], torch.tensor([own]))
@@ -143,8 +156,21 @@ def result(client: str, state, n: int | None = 5, params_type=ParamsType.FULL) -
     return FLModel(params_type=params_type, params=state, meta=meta)
 
 
+def test_fedbn_keeps_local_what_prrfls_fedbn_keeps_local():
+    """One rule for what stays at a site: the FLARE component and prrfl's FedBN method find the same keys."""
+    from prrfl.methods.fedavg import FedBN
+    from prrfl.models.deeplab import DeepLabV2ResNet18
+    from prrfl.models.vgg import SlimVGG16BN
+
+    for model in (Net(), SlimVGG16BN(num_classes=3), DeepLabV2ResNet18(num_classes=2)):
+        aggregator = FedBNAggregator()
+        aggregator.use_model(model)
+        assert aggregator.kept_keys == FedBN.local_keys(None, model) == local_batchnorm_keys(model) != set()
+
+
 def test_accept_aggregate_reset_through_flmodels():
     aggregator = FourierAggregator(weighting="samples")
+    aggregator.use_model(Net())
     for client, state in STATES.items():
         aggregator.accept_model(result(client, state, SAMPLES[client]))
     models = aggregator.aggregate_models(round_idx=2, num_rounds=3)
@@ -170,6 +196,25 @@ def test_accept_model_refuses_what_it_cannot_use():
     with pytest.raises(ValueError, match="already"):
         aggregator.accept_model(result("a", tiny(1, 2, 3)))
     FedAvgAggregator(weighting="uniform").accept_model(result("a", tiny(1, 2, 3), n=None))  # no size needed
+    steps = FedAvgAggregator()
+    steps.accept_model(FLModel(params=tiny(1, 2, 3), meta={"client_name": "a", NUM_STEPS: 40}))  # FLARE's count of local steps
+    assert steps._num_samples == {"a": 40}
+
+
+def test_a_non_finite_or_misshaped_result_is_refused_naming_the_client():
+    aggregator = FedAvgAggregator()
+    aggregator.set_reference(tiny(0, 0, 0))
+    bad = tiny(1, 2, 3)
+    bad["fc.weight"] = torch.tensor([[float("nan"), 1.0]])
+    with pytest.raises(ValueError, match=r"site-2: parameter fc.weight holds NaN or Inf"):
+        aggregator.accept_model(result("site-2", bad))
+    wide = {**tiny(1, 2, 3), "fc.weight": torch.ones(1, 3)}
+    with pytest.raises(ValueError, match=r"site-3: parameter fc.weight has shape \(1, 3\), expected \(1, 2\)"):
+        aggregator.accept_model(result("site-3", wide))
+    with pytest.raises(ValueError, match=r"site-4: parameter keys differ .*unexpected \['extra'\]"):
+        aggregator.accept_model(result("site-4", {**tiny(1, 2, 3), "extra": torch.ones(1)}))
+    aggregator.accept_model(result("site-1", {"fc.weight": torch.ones(1, 2)}))  # a subset of the model's keys is fine
+    assert list(aggregator._states) == ["site-1"]  # nothing of the refused ones was kept
 
 
 def test_a_difference_is_added_to_what_was_sent():
@@ -407,3 +452,21 @@ def test_too_few_usable_results_stop_the_job_without_saving():
     assert controller.panicked.startswith("round 0: only 1 of 3 clients sent a usable result (['b'])") and not controller.saved
     assert any("the result of a cannot be used" in m for m in controller.messages)
     assert controller.models["b"]["w"].tolist() == [0.0, 0.0]  # nothing of the failed round is kept
+
+
+def test_a_non_finite_result_is_refused_by_name_and_poisons_no_one():
+    initial = {"w": torch.tensor([1.0, 1.0]), "bn.running_mean": torch.tensor([3.0])}
+    poisoned = diff("b", [float("nan"), 0.0])
+    rounds = [
+        Answers(results={"a": diff("a", [2.0, 0.0]), "b": poisoned, "c": diff("c", [0.0, 2.0])}),
+        Answers(results={"a": diff("a", [0.0, 0.0]), "b": diff("b", [0.0, 0.0]), "c": diff("c", [0.0, 0.0])}),
+    ]
+    aggregator = FourierAggregator(bn_keys=["bn.running_mean"], classifier_key="w", classifier_rowwise=False)
+    controller = ScriptedRounds(rounds, num_rounds=2, aggregator=aggregator, model=initial)
+    controller.run()
+    assert controller.panicked is None and controller.saved
+    assert any(m.startswith("round 0: the result of b cannot be used: b: parameter w holds NaN or Inf") for m in controller.messages)
+    second = controller.sent[1]
+    assert torch.equal(second["b"].params["w"], initial["w"])  # b keeps what it had
+    assert all(torch.isfinite(m["w"]).all() for m in controller.models.values())  # and no one is poisoned
+    assert second["a"].params["w"].tolist() != [1.0, 1.0]  # a and c were aggregated

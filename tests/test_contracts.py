@@ -13,9 +13,9 @@ from conftest import make_runtime
 from prrfl.algorithms import cpa
 from prrfl.config import RunConfig
 from prrfl.data.augment import SliceAugment, normalize
-from prrfl.flare.validation import upload_problem
 from prrfl.messages import Download
 from prrfl.methods.prr import PRR
+from prrfl.server.checks import upload_problem
 from prrfl.site.trainer import run_round
 from prrfl.tasks.base import Split
 from prrfl.tasks.segmentation import VolumeOverlap, masked_class_embeddings

@@ -1,4 +1,4 @@
-"""The server's round logic in-process (prrfl.federation): what the FLARE workflow does with the answers of a
+"""The server's round logic in-process (prrfl.server.federation): what the FLARE workflow does with the answers of a
 round, without a simulator. Sites are TinyTask runtimes running the real site loop, or hand-made uploads
 where a test needs a site that misbehaves in one exact way."""
 
@@ -13,10 +13,10 @@ from conftest import make_runtime
 
 from prrfl.algorithms import pfa
 from prrfl.config import RunConfig
-from prrfl.federation import Federation, RoundAnswers, ServerState
 from prrfl.flare import protocol as P
 from prrfl.messages import PrepareReply, Upload
 from prrfl.registry import build_method
+from prrfl.server.federation import Federation, RoundAnswers, ServerState
 from prrfl.site.trainer import run_round
 
 SITES = ("A", "B")

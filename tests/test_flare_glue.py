@@ -18,8 +18,9 @@ from prrfl.config import RunConfig
 from prrfl.flare import protocol as P
 from prrfl.flare.jobs import JOBS, job_config, job_files
 from prrfl.flare.recipe import PRIVACY_FILTERS, export_job
-from prrfl.flare.validation import upload_problem
 from prrfl.messages import Download, Upload
+from prrfl.server.checks import upload_problem
+from prrfl.server.federation import add_to_sent
 from prrfl.tasks.derm import DermTask
 
 JOBS_DIR = Path(__file__).resolve().parents[1] / "jobs"
@@ -135,7 +136,7 @@ def test_a_site_uploads_the_difference_and_the_server_adds_back_what_it_sent():
     assert torch.equal(sent.params["n"], torch.tensor(5))
     back = P.model_to_upload("s", sent)
     assert upload_problem(back, received, TinyTask({})) is None
-    rebuilt = P.add_to_sent(back, received)
+    rebuilt = add_to_sent(back, received)
     torch.testing.assert_close(rebuilt.params["w"], upload.params["w"])
     assert torch.equal(rebuilt.params["n"], upload.params["n"]) and rebuilt.params["n"].dtype == torch.long
     assert rebuilt.meta == upload.meta and rebuilt.class_counts == upload.class_counts
@@ -155,7 +156,7 @@ def test_flare_percentile_privacy_filter_applies_to_the_upload():
     assert diff.abs().max() <= 0.01 + 1e-7  # clipped to gamma
     assert 0.08 <= float((diff == 0).float().mean()) <= 0.12  # the smallest 10 % withheld
     assert back.meta == upload.meta and back.class_counts == upload.class_counts
-    rebuilt = P.add_to_sent(back, received)
+    rebuilt = add_to_sent(back, received)
     assert torch.equal(rebuilt.params["w"][diff == 0], received["w"][diff == 0])
 
 
@@ -170,14 +171,14 @@ def test_a_privacy_filter_is_added_to_the_train_results(tmp_path):
 
 # ----- the update-norm rule ---------------------------------------------------------------------------------
 def test_update_norm_is_the_l2_norm_over_floating_entries():
-    from prrfl.flare.validation import update_norm
+    from prrfl.server.checks import update_norm
 
     diff = {"w": torch.tensor([3.0, 0.0]), "b": torch.tensor([[4.0]]), "bn.num_batches_tracked": torch.tensor(100)}
     assert update_norm(diff) == pytest.approx(5.0)
 
 
 def test_an_update_far_above_the_rounds_median_is_an_outlier_with_its_reason():
-    from prrfl.flare.validation import norm_outliers
+    from prrfl.server.checks import norm_outliers
 
     norms = {"site-1": 1.0, "site-2": 2.0, "site-3": 1.5, "site-4": 50.0}
     # lower median of [1, 1.5, 2, 50] is 1.5; 50 > 10 x 1.5, 2 is not
@@ -190,7 +191,7 @@ def test_an_update_far_above_the_rounds_median_is_an_outlier_with_its_reason():
 
 
 def test_with_two_sites_the_larger_update_is_refused_when_it_is_ratio_times_the_other():
-    from prrfl.flare.validation import norm_outliers
+    from prrfl.server.checks import norm_outliers
 
     # the lower median of two is the smaller: 1e4 x 0.12 is 1e4 x the honest site's norm
     assert norm_outliers({"site-1": 0.12, "site-2": 1200.0}, 10.0) == {
@@ -202,7 +203,7 @@ def test_with_two_sites_the_larger_update_is_refused_when_it_is_ratio_times_the_
 
 
 def test_a_site_is_also_measured_against_its_own_accepted_norms():
-    from prrfl.flare.validation import NORM_HISTORY, norm_outliers
+    from prrfl.server.checks import NORM_HISTORY, norm_outliers
 
     history = {"site-1": [9.0, 1.0, 2.0, 3.0, 4.0, 5.0]}  # the last NORM_HISTORY = 5: median_low of 1..5 is 3
     assert NORM_HISTORY == 5
@@ -218,7 +219,7 @@ def test_a_site_is_also_measured_against_its_own_accepted_norms():
 
 
 def test_an_absolute_bound_refuses_any_upload_above_it_even_alone():
-    from prrfl.flare.validation import norm_outliers
+    from prrfl.server.checks import norm_outliers
 
     assert norm_outliers({"site-1": 2.5e3}, None, max_norm=1e3) == {"site-1": "its update norm 2.5e+03 exceeds update_norm_max=1000"}
     assert norm_outliers({"site-1": 999.0}, None, max_norm=1e3) == {}

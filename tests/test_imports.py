@@ -4,6 +4,9 @@ modules it imports. All imports count, those inside functions and under TYPE_CHE
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "custom" / "prrfl"
@@ -92,3 +95,44 @@ def test_the_check_finds_a_circle_through_type_checking_and_function_imports(tmp
     (package / "c.py").write_text("import pkg.a\nx = 1\n")
     (package / "d.py").write_text("from pkg import c\n")
     assert circles(import_graph(package)) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+
+
+def top_level_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph of the package's top-level parts (prrfl.server.federation -> server): part -> parts it imports."""
+
+    def part(module: str) -> str:
+        names = module.split(".")
+        return names[1] if len(names) > 1 else names[0]
+
+    parts: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        parts.setdefault(part(module), set()).update(part(m) for m in imported if part(m) != part(module))
+    return parts
+
+
+def test_the_top_level_parts_form_no_loop():
+    """A folder can be read knowing only the folders below it: the site's loop runs methods, methods use the
+    server's cores, the FLARE glue sits on top of everything."""
+    parts = top_level_graph(import_graph(PACKAGE))
+    assert {"server", "site", "methods", "flare", "tasks"} <= set(parts)  # the graph is read
+    assert "server" in parts["methods"] and "methods" in parts["site"]
+    assert circles(parts) == []
+
+
+def test_only_the_flare_glue_and_its_callers_import_flare():
+    parts = top_level_graph(import_graph(PACKAGE))
+    users = sorted(p for p, imported in parts.items() if "flare" in imported)
+    assert users == ["cli", "sweep"]  # the command line and the sweeps run jobs; no method, task, site or server part does
+
+
+def test_the_server_cores_load_no_nvflare_module():
+    """The server's cores and the round logic are FLARE-free: importing them (and every method) loads no nvflare module."""
+    code = (
+        "import sys, prrfl.server.aggregation, prrfl.server.checks, prrfl.server.prototypes, prrfl.server.federation, "
+        "prrfl.keys, prrfl.registry, prrfl.methods.prr, prrfl.site.trainer; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'nvflare'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    )
+    assert out.stdout.strip() == "[]"

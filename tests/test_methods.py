@@ -12,7 +12,6 @@ from conftest import TinySegTask, TinyTask, make_runtime
 
 from prrfl.algorithms import det, pfa
 from prrfl.config import ConfigError, RunConfig
-from prrfl.flare.validation import upload_problem
 from prrfl.messages import Download, Upload
 from prrfl.methods.apfl import mix_parameters
 from prrfl.methods.fedproto import average_prototypes, prototype_regulariser
@@ -21,6 +20,7 @@ from prrfl.methods.pfedme import moreau_step, solve_personalized
 from prrfl.methods.prr import allowed_phase
 from prrfl.methods.prr_variants import count_weights, focal_loss
 from prrfl.registry import build_method, method_class, method_names
+from prrfl.server.checks import upload_problem
 from prrfl.site.trainer import run_round
 
 COUNTS = [20, 20, 20]

@@ -10,7 +10,7 @@ from sklearn.metrics import f1_score, roc_auc_score
 
 from prrfl.config import RunConfig
 from prrfl.metrics import classification_metrics, dice_iou
-from prrfl.report import results_table
+from prrfl.summary import results_table
 
 
 def test_classification_metrics_match_sklearn_and_the_papers_scale():

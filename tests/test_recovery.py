@@ -12,16 +12,16 @@ import torch
 from conftest import make_runtime, tiny_derm_config
 from test_site_loop import initial_download, next_download
 
-from prrfl.federation import ServerState
 from prrfl.flare import places
 from prrfl.flare.liveness import Deadline
 from prrfl.flare.site_app import build_runtime
 from prrfl.flare.site_config import SiteConfig
 from prrfl.flare.workflow import PREVIOUS_STATE_FILE, STATE_FILE, PersonalizedWorkflow
-from prrfl.report import participation, results_table
+from prrfl.server.federation import ServerState
 from prrfl.site.state import CHECKPOINT, PREVIOUS_CHECKPOINT
 from prrfl.site.trainer import run_round
 from prrfl.storage import save_torch
+from prrfl.summary import participation, results_table
 
 
 def truncate(path: Path) -> None:

@@ -12,9 +12,9 @@ import torch
 from conftest import as_numpy, make_runtime, untimed
 
 from prrfl.messages import Download
+from prrfl.methods.view import SiteView
 from prrfl.metrics import download_drops, shared_model_drops
 from prrfl.site.trainer import run_round
-from prrfl.site.view import SiteView
 
 COUNTS = [20, 20, 20]
 

@@ -29,9 +29,9 @@ from prrfl.data.derm.records import read_ham10000, read_isic2017
 from prrfl.data.derm.store import save_split
 from prrfl.errors import CommandFailed, run_command
 from prrfl.flare.jobs import JOBS, job_config
-from prrfl.methods import aggregation
 from prrfl.methods.prr import PHASE_NAMES
 from prrfl.registry import method_class, method_names, validate_config
+from prrfl.server import aggregation
 from prrfl.sweep import sweep
 from prrfl.tasks.derm import DEFAULT_DATA, DermData, DermTask
 

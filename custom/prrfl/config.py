@@ -203,7 +203,7 @@ class RunConfig:
     select_from_round: int = 0  # best-on-validation selection considers rounds >= this (authors: 40 of 50)
     # the server rejects an upload whose update norm exceeds this multiple of the round's lower median
     # update norm (from 2 uploads on) or of the site's own recent accepted norms; null: off. And, when set,
-    # one whose update norm exceeds update_norm_max. See prrfl.flare.validation.norm_outliers
+    # one whose update norm exceeds update_norm_max. See prrfl.server.checks.norm_outliers
     update_norm_ratio: float | None = 10.0
     update_norm_max: float | None = None
     eval_test_every_epoch: bool = True  # per-epoch test curves (retrogress plots)

@@ -14,20 +14,25 @@ import numpy as np
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from prrfl.flare.components.aggregators import add_difference
+from prrfl.keys import CONFIG, ERROR, NUM_SITES, ROUND, RUN_ID, TASK_PREPARE, TASK_TRAIN
+from prrfl.keys import GLOBAL_CLASS_COUNTS as GLOBAL_COUNTS
 from prrfl.messages import Download, Upload
 
-TASK_PREPARE = "prepare"  # sites load (or generate) their data and report class counts
-TASK_TRAIN = "train"
-
-# keys the workflow puts into every task's meta
-CONFIG = "prrfl_config"
-RUN_ID = "run_id"
-ROUND = "round"
-NUM_SITES = "num_sites"
-GLOBAL_COUNTS = "global_class_counts"
-# key a site puts into its result's meta when it could not do the task (the reason, naming the file)
-ERROR = "error"
+__all__ = [  # the keys are re-exported from their table, prrfl.keys
+    "CONFIG",
+    "ERROR",
+    "GLOBAL_COUNTS",
+    "NUM_SITES",
+    "ROUND",
+    "RUN_ID",
+    "TASK_PREPARE",
+    "TASK_TRAIN",
+    "TRANSPORT_KEYS",
+    "download_to_model",
+    "model_to_download",
+    "model_to_upload",
+    "upload_to_model",
+]
 
 
 # the workflow's keys, which a site reads from the task (not the method's: see model_to_download)
@@ -85,8 +90,3 @@ def model_to_upload(site: str, model: FLModel) -> Upload:
         class_counts=meta.get("class_counts", []),
         meta=meta.get("method", {}),
     )
-
-
-def add_to_sent(upload: Upload, sent: dict[str, torch.Tensor]) -> Upload:
-    """The site's trained weights: what the server sent plus the (checked) difference, in the sent dtype."""
-    return Upload(upload.site, add_difference(upload.params, sent), upload.num_train, upload.class_counts, upload.meta)

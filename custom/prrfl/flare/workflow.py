@@ -2,7 +2,7 @@
 
 Each round the workflow sends every site ITS OWN model (a separate task per site, through
 prrfl.flare.components.PerClientController), waits until every site answered or the round's deadline passed
-(prrfl.flare.liveness), hands the answers to the round's pure logic (prrfl.federation.Federation: upload checks,
+(prrfl.flare.liveness), hands the answers to the round's pure logic (prrfl.server.federation.Federation: upload checks,
 the method's aggregation, the next state and a typed round summary), and writes the state atomically, so a re-submitted job
 with resume continues from the last completed round. A round goes on without the sites that failed,
 did not answer in time or that FLARE reports dead, as long as `min_sites` answered; otherwise the job
@@ -21,7 +21,6 @@ from nvflare.fuel.utils import fobs
 from nvflare.fuel.utils.memory_utils import cleanup_memory
 
 from prrfl.config import ConfigError
-from prrfl.federation import Event, Federation, RoundAnswers, ServerState, new_run_id
 from prrfl.flare import places
 from prrfl.flare import protocol as P
 from prrfl.flare.components.controller import Answers, PerClientController
@@ -31,6 +30,7 @@ from prrfl.flare.tracking import publish_cohorts, send_scalars
 from prrfl.messages import PrepareReply
 from prrfl.metrics import nanmean
 from prrfl.registry import build_method, build_task, validate_config
+from prrfl.server.federation import Event, Federation, RoundAnswers, ServerState, new_run_id
 from prrfl.storage import load_torch, save_json, save_text, save_torch, save_torch_keeping_previous, set_aside
 
 STATE_FILE = "server_state.pt"

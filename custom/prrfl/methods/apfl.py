@@ -10,7 +10,7 @@ from torch.func import functional_call
 from prrfl.messages import Download
 from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
-from prrfl.site.view import SiteView
+from prrfl.methods.view import SiteView
 
 
 def mix_parameters(personal: torch.nn.Module, shared: torch.nn.Module, alpha: torch.Tensor | float) -> dict[str, torch.Tensor]:

@@ -6,7 +6,7 @@ them (`build_model`, `build_optimizer`: one factory each, so a method may own a 
 heads), their losses on a batch, what happens at a download, before/after an epoch, and how the
 server turns the uploads into one download per site.
 A method whose local step is not one gradient step of a summed loss overrides `train_batch`.
-The site-side hooks see the site through a `SiteView` (prrfl.site.view): its models, optimisers,
+The site-side hooks see the site through a `SiteView` (prrfl.methods.view): its models, optimisers,
 memory, training data, evaluation and scalar log. Whatever a method must remember at a site between
 rounds goes into `site.memory`, which the loop checkpoints with the models (site processes may be
 restarted for every task).
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from prrfl.messages import Download, StateDict, Upload
-from prrfl.site.view import SiteView
+from prrfl.methods.view import SiteView
 
 if TYPE_CHECKING:
     from prrfl.config import RunConfig

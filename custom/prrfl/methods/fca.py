@@ -13,7 +13,7 @@ from torch import nn
 from prrfl.algorithms.det import kl_distillation
 from prrfl.algorithms.pfa import batchnorm_statistics_keys
 from prrfl.methods.fedavg import FedAvg
-from prrfl.site.view import SiteView
+from prrfl.methods.view import SiteView
 from prrfl.tasks.classification import ClassificationTask
 
 if TYPE_CHECKING:

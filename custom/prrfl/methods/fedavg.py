@@ -9,9 +9,9 @@ import torch
 
 from prrfl.algorithms.pfa import batchnorm_keys, batchnorm_statistics_keys
 from prrfl.messages import Download, Upload
-from prrfl.methods import aggregation
 from prrfl.methods.base import Method
-from prrfl.site.view import SiteView
+from prrfl.methods.view import SiteView
+from prrfl.server import aggregation
 
 
 class FedAvg(Method):

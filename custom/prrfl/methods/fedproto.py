@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from prrfl.messages import Download, Upload
 from prrfl.methods import prototype_exchange as protos
 from prrfl.methods.base import Method
-from prrfl.site.view import SiteView
+from prrfl.methods.view import SiteView
+from prrfl.server.prototypes import download_meta, site_prototypes
 
 
 def prototype_regulariser(
@@ -55,9 +56,9 @@ class FedProto(Method):
         return []
 
     def aggregate(self, uploads: list[Upload], round_idx: int, server: dict[str, Any]) -> dict[str, Download]:
-        site_protos, present = protos.site_prototypes(uploads)
+        site_protos, present = site_prototypes([u.meta for u in uploads])
         counts = torch.tensor([u.class_counts for u in uploads]) * present
-        meta = protos.download_meta(*average_prototypes(site_protos, counts))
+        meta = download_meta(*average_prototypes(site_protos, counts))
         return {u.site: Download(params={}, meta=dict(meta)) for u in uploads}
 
     def on_download(self, site: SiteView, download: Download, first: bool) -> None:

@@ -12,10 +12,10 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from prrfl.messages import Download
-from prrfl.methods import aggregation
 from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
-from prrfl.site.view import SiteView
+from prrfl.methods.view import SiteView
+from prrfl.server import aggregation
 
 if TYPE_CHECKING:
     from prrfl.tasks.base import Task

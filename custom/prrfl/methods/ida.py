@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from prrfl.messages import Upload
-from prrfl.methods import aggregation
 from prrfl.methods.fedavg import FedAvg
+from prrfl.server import aggregation
 
 _EPS = 1e-12  # a site exactly at the mean would otherwise get an infinite weight
 

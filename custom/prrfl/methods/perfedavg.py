@@ -10,7 +10,7 @@ import torch
 from prrfl.messages import Download
 from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
-from prrfl.site.view import SiteView
+from prrfl.methods.view import SiteView
 
 
 def sgd_step(params: Sequence[torch.Tensor], loss: torch.Tensor, lr: float) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from prrfl.messages import Download, Upload
-from prrfl.methods import aggregation
 from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
+from prrfl.server import aggregation
 
 
 def solve_personalized(

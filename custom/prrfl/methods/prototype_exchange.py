@@ -4,19 +4,19 @@ A site averages one model's embeddings per class over the batches of each local 
 choice in both papers: the features of the batches being trained on, in train mode), pooled per
 class as the task says (`Task.class_embeddings`: an image's embedding for classification, the
 feature map's masked average per class for segmentation); the last epoch's prototypes go up in
-Upload.meta. The server's global prototypes come down in Download.meta.
+Upload.meta (prrfl.keys names them). The server's global prototypes (prrfl.server.prototypes) come down in
+Download.meta.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from prrfl.algorithms.prototypes import PrototypeAccumulator
-from prrfl.messages import Upload
-from prrfl.site.view import SiteView
+from prrfl.keys import GLOBAL_PROTOTYPE_PRESENT, GLOBAL_PROTOTYPES, PROTOTYPE_PRESENT, PROTOTYPES
+from prrfl.methods.view import SiteView
 
 
 def track(site: SiteView, embedding: torch.Tensor, targets: torch.Tensor) -> None:
@@ -37,24 +37,13 @@ def finish_epoch(site: SiteView) -> None:
 
 def upload_meta(site: SiteView) -> dict[str, Any]:
     return {
-        "prototypes": site.memory["prototypes"].tolist(),
-        "prototype_present": site.memory["prototype_present"].tolist(),
+        PROTOTYPES: site.memory["prototypes"].tolist(),
+        PROTOTYPE_PRESENT: site.memory["prototype_present"].tolist(),
     }
-
-
-def site_prototypes(uploads: Sequence[Upload]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The uploads' prototypes [K, C, D] float64 and presence [K, C]."""
-    protos = torch.stack([torch.as_tensor(u.meta["prototypes"], dtype=torch.float64) for u in uploads])
-    present = torch.stack([torch.as_tensor(u.meta["prototype_present"], dtype=torch.bool) for u in uploads])
-    return protos, present
-
-
-def download_meta(global_protos: torch.Tensor, global_present: torch.Tensor) -> dict[str, Any]:
-    return {"global_prototypes": global_protos.tolist(), "global_prototype_present": global_present.tolist()}
 
 
 def receive(site: SiteView, meta: dict[str, Any]) -> None:
     """Keep the global prototypes of a download, when it brings some."""
-    if "global_prototypes" in meta:
-        site.memory["global_prototypes"] = torch.tensor(meta["global_prototypes"], dtype=torch.float64)
-        site.memory["global_present"] = torch.tensor(meta["global_prototype_present"], dtype=torch.bool)
+    if GLOBAL_PROTOTYPES in meta:
+        site.memory["global_prototypes"] = torch.tensor(meta[GLOBAL_PROTOTYPES], dtype=torch.float64)
+        site.memory["global_present"] = torch.tensor(meta[GLOBAL_PROTOTYPE_PRESENT], dtype=torch.bool)

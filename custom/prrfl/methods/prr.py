@@ -56,13 +56,13 @@ import torch
 import torch.nn.functional as F
 
 from prrfl.algorithms import cpa, det, pfa, prototypes
-from prrfl.flare.components.aggregators import PFA_R, FedAvgAggregator, FourierAggregator
-from prrfl.flare.components.prototypes import PrototypeExchange
+from prrfl.keys import PFA_R
 from prrfl.messages import Download, Upload
-from prrfl.methods import aggregation
 from prrfl.methods import prototype_exchange as protos
 from prrfl.methods.base import Method, global_class_counts
-from prrfl.site.view import SiteView
+from prrfl.methods.view import SiteView
+from prrfl.server import aggregation
+from prrfl.server.prototypes import PrototypeExchange
 
 PHASE_NAMES: tuple[str, ...] = tuple(p.name.lower() for p in det.Phase)  # recover, exchange, sublimate
 
@@ -169,13 +169,14 @@ class PRR(Method):
 
     # ----- server --------------------------------------------------------------------------
     def aggregate(self, uploads: list[Upload], round_idx: int, server: dict[str, Any]) -> dict[str, Download]:
-        """The FLARE components' aggregators on the uploads (prrfl.flare.components): PFA (or, without it, the
-        weighted average of the shared weights), then CPA's global prototypes from the prototype exchange."""
+        """The server's aggregators on the uploads (prrfl.server.aggregation, the FLARE components' math): PFA (or,
+        without it, the weighted average of the shared weights), then CPA's global prototypes from the prototype
+        exchange."""
         o = self.opt
         states = {u.site: u.params for u in uploads}
         samples = {u.site: u.num_train for u in uploads}
         if o.pfa_enabled:
-            aggregator = FourierAggregator(
+            aggregator = aggregation.Fourier(
                 r0=o.r0,
                 r1=o.r1,
                 schedule=o.r_schedule,
@@ -187,7 +188,7 @@ class PRR(Method):
                 bn_keys=(),  # BN keys never travel (shared_keys)
             )
         else:  # the ablation without PFA: a plain average of the shared weights
-            aggregator = FedAvgAggregator(weighting=o.site_weights)
+            aggregator = aggregation.FedAvg(weighting=o.site_weights)
         mixed = aggregator.aggregate_states(states, samples, round_idx, self.cfg.num_rounds)
         meta = aggregator.output_meta(round_idx, self.cfg.num_rounds)
         exchanged = self._global_prototypes(uploads, server) if o.cpa_local else {}

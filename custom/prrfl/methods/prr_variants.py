@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from prrfl.messages import Download
 from prrfl.methods.base import global_class_counts
 from prrfl.methods.prr import PRR
-from prrfl.site.view import SiteView
+from prrfl.methods.view import SiteView
 
 
 class PRRFL(PRR):

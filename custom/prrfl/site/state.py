@@ -32,8 +32,8 @@ import torch
 
 from prrfl.config import RunConfig
 from prrfl.data.manifest import fingerprint
+from prrfl.methods.view import Scalar, SiteView
 from prrfl.metrics import download_drops
-from prrfl.site.view import Scalar, SiteView
 from prrfl.storage import atomic_write, atomic_write_bytes, load_torch, save_json, save_torch_keeping_previous, set_aside
 from prrfl.tasks.base import SiteData, Task
 

@@ -10,9 +10,9 @@ import time
 import torch
 
 from prrfl.messages import Download, Upload
+from prrfl.methods.view import SiteView
 from prrfl.metrics import improves, shared_model_drops
 from prrfl.site.state import SiteRuntime
-from prrfl.site.view import SiteView
 
 log = logging.getLogger(__name__)
 

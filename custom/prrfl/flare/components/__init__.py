@@ -1,6 +1,8 @@
 """Personalized federated learning as FLARE components, usable from any FLARE job (docs/components.md).
 
-None of them needs prrfl's own runtime (run config, registry, tasks, site runtime).
+None of them needs prrfl's own runtime (run config, registry, tasks, site runtime). Their math is prrfl's
+server core (prrfl.server: aggregation, upload checks, the prototype exchange; no FLARE import), the same
+code prrfl's own jobs run; the meta keys are prrfl.keys.
 
 Server:
 * `PerClientController`: a ModelController whose clients each get a model of their own (`send_each`).
@@ -19,6 +21,7 @@ Client (Client API scripts):
 
 from prrfl.flare.components.aggregators import (
     NUM_SAMPLES,
+    NUM_STEPS,
     PFA_R,
     FedAvgAggregator,
     FedBNAggregator,
@@ -47,6 +50,7 @@ __all__ = [
     "GLOBAL_PROTOTYPE_PRESENT",
     "MODELS_DIR",
     "NUM_SAMPLES",
+    "NUM_STEPS",
     "PFA_R",
     "PROTOTYPES",
     "PROTOTYPE_PRESENT",

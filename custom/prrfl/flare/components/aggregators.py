@@ -1,19 +1,23 @@
-"""Per-client aggregators: every client gets a model of its own, computed from all clients' results.
+"""Per-client aggregators as FLARE components: every client gets a model of its own, computed from all
+clients' results.
 
 FLARE's `ModelAggregator` reduces a round's results to ONE model. A personalized method needs one output
 per client, so `PerClientAggregator` keeps FLARE's accept / aggregate / reset cycle but returns a dict
-client -> FLModel. Each aggregator also has a pure core, `aggregate_states`, that works on state dicts
-and knows nothing about FLARE (deterministic; outputs in the clients' order as given).
+client -> FLModel. The math is prrfl's own server core (prrfl.server.aggregation, on state dicts, the same
+code prrfl's jobs run); each component here is that core plus the cycle.
 
 What an aggregator expects from `accept_model`: FULL weights (`ParamsType.FULL`) of the keys the client
-shares, as torch tensors, `meta["client_name"]` (FLARE sets it on every result), and, for
-`weighting="samples"`, the client's training-set size in `meta[NUM_SAMPLES]`. A DIFF result must be
-turned into full weights first by whoever knows what was sent (`PersonalizedFedAvg` does); a DIFF given
-here is refused, since adding it to the wrong base would corrupt the model silently.
+shares, as torch tensors (numpy arrays are turned into tensors), `meta["client_name"]` (FLARE sets it on
+every result), and, for `weighting="samples"`, how much the client trained: its training-set size in
+`meta[NUM_SAMPLES]` or, as FLARE's FedAvg reads it, its local steps in `meta[NUM_STEPS]`
+("NUM_STEPS_CURRENT_ROUND"). A result is checked before it is kept (`prrfl.server.checks.params_problem`:
+finite, the keys and shapes of the first result of the round, or of the `reference` the controller set);
+a DIFF is refused, since adding it to the wrong base would corrupt the model silently (`PersonalizedFedAvg`
+turns DIFFs into full weights first). Every refusal is a ValueError naming the client.
 
-* `FedAvgAggregator`: the same weighted average for every client (`prrfl.methods.aggregation`).
-* `FedBNAggregator`: FedAvg, with BatchNorm keys (or any `local_keys`) kept at each client.
-* `FourierAggregator`: Progressive Fourier Aggregation (`prrfl.algorithms.pfa`), one output per client.
+* `FedAvgAggregator`: the same weighted average for every client.
+* `FedBNAggregator`: FedAvg, with each client's BatchNorm layers (or any `local_keys`) kept at the client.
+* `FourierAggregator`: Progressive Fourier Aggregation (PRR), one output per client.
 """
 
 from __future__ import annotations
@@ -21,73 +25,67 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from nvflare.apis.fl_component import FLComponent
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from torch import nn
 
 from prrfl.algorithms import pfa
-from prrfl.messages import Upload
-from prrfl.methods.aggregation import WEIGHTINGS, Weighting, site_weights, weighted_average
+from prrfl.keys import NUM_SAMPLES, NUM_STEPS, PFA_R
+from prrfl.server import aggregation
+from prrfl.server.aggregation import Weighting, add_difference, as_tensors, local_batchnorm_keys
+from prrfl.server.checks import params_problem
 
+__all__ = [
+    "NUM_SAMPLES",
+    "NUM_STEPS",
+    "PFA_R",
+    "FedAvgAggregator",
+    "FedBNAggregator",
+    "FourierAggregator",
+    "PerClientAggregator",
+    "add_difference",
+    "as_tensors",
+]
 StateDict = Mapping[str, torch.Tensor]
 
-NUM_SAMPLES = "num_samples"  # meta key of a result: the client's training-set size (weighting="samples")
-PFA_R = "pfa_r"  # meta key of a FourierAggregator output: the round's box half-width r
+
+def training_amount(meta: Mapping[str, Any]) -> int | None:
+    """How much a client trained, for weighting="samples": meta[NUM_SAMPLES], else meta[NUM_STEPS]."""
+    for key in (NUM_SAMPLES, NUM_STEPS):
+        n = meta.get(key)
+        if n is not None:
+            return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else -1
+    return None
 
 
-def as_tensors(params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Params as torch tensors (a result that went through numpy, e.g. a privacy filter, comes back as arrays)."""
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else torch.as_tensor(v) for k, v in params.items()}
-
-
-def add_difference(difference: Mapping[str, torch.Tensor], sent: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Full weights from a client's difference to what it was `sent`, in the sent tensors' dtype and device."""
-    return {k: (sent[k] + d.to(sent[k].device)).to(sent[k].dtype) for k, d in difference.items()}
-
-
-def uploads(states: Mapping[str, StateDict], num_samples: Mapping[str, int]) -> list[Upload]:
-    """The clients as prrfl `Upload`s, in the given order, for `site_weights` (a missing count is 0)."""
-    return [Upload(site=c, params=dict(s), num_train=int(num_samples.get(c, 0)), class_counts=[]) for c, s in states.items()]
-
-
-class PerClientAggregator(FLComponent):
+class PerClientAggregator(FLComponent, aggregation.Aggregator):
     """Base of the per-client aggregators (FLARE `ModelAggregator` style, one output per client).
 
     accept_model(model) once per client result, then aggregate_models(round_idx, num_rounds) -> {client:
-    FLModel}, then reset_stats() before the next round. Subclasses implement `aggregate_states`.
-    `weighting`: "samples" weights client k by n_k / sum n (n_k from meta[NUM_SAMPLES]); "uniform" by 1/K.
+    FLModel}, then reset_stats() before the next round. The math (`aggregate_states`, `weights`,
+    `output_meta`) is a prrfl.server.aggregation.Aggregator's; a new aggregator implements `aggregate_states`.
+    `weighting`: "samples" weights client k by n_k / sum n; "uniform" by 1/K.
     """
 
     def __init__(self, weighting: Weighting = "samples"):
-        super().__init__()
-        if weighting not in WEIGHTINGS:
-            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-        self.weighting = weighting
+        FLComponent.__init__(self)
+        aggregation.Aggregator.__init__(self, weighting)
         self._states: dict[str, dict[str, torch.Tensor]] = {}
         self._num_samples: dict[str, int] = {}
+        self.reference: dict[str, torch.Tensor] | None = None  # keys and shapes a result must have (set by the controller)
 
-    def aggregate_states(
-        self, states: Mapping[str, StateDict], num_samples: Mapping[str, int], round_idx: int, num_rounds: int
-    ) -> dict[str, dict[str, torch.Tensor]]:
-        """client -> its new state dict, from every client's state dict (same keys) and training-set size."""
-        raise NotImplementedError
+    def use_model(self, model: nn.Module | None) -> None:
+        """What the controller's model tells: the keys and shapes results are checked against (a module or
+        not), and, in a subclass, the layers it keeps local."""
 
-    def output_meta(self, round_idx: int, num_rounds: int) -> dict[str, Any]:
-        """Meta added to every output model of the round (none by default)."""
-        return {}
-
-    def weights(self, states: Mapping[str, StateDict], num_samples: Mapping[str, int]) -> torch.Tensor:
-        """Normalised float64 client weights, in the order of `states` (`site_weights`)."""
-        if self.weighting == "samples":
-            missing = [c for c in states if c not in num_samples]
-            if missing:
-                raise ValueError(f"weighting='samples' needs the training-set size of {missing}")
-        return site_weights(uploads(states, num_samples), self.weighting)
+    def set_reference(self, state: StateDict) -> None:
+        self.reference = {k: v for k, v in state.items()}
 
     # ----- FLARE's accept / aggregate / reset cycle ---------------------------------------------
     def accept_model(self, model: FLModel) -> None:
-        """Keep one client's result (FULL weights; see the module docstring). ValueError when unusable."""
+        """Keep one client's result (FULL weights; see the module docstring). ValueError naming the client
+        when it is unusable."""
         meta = model.meta or {}
         client = meta.get("client_name")
         if not client:
@@ -98,19 +96,31 @@ class PerClientAggregator(FLComponent):
             )
         if not model.params:
             raise ValueError(f"{client}: the result has no params")
-        if self.weighting == "samples":
-            n = meta.get(NUM_SAMPLES)
-            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-                raise ValueError(f"{client}: weighting='samples' needs meta[{NUM_SAMPLES!r}], a positive integer; got {n!r}")
-            self._num_samples[client] = n
         if client in self._states:
             raise ValueError(f"{client}: a result of this client was already accepted this round")
-        self._states[client] = as_tensors(model.params)
+        params = as_tensors(model.params)
+        reference = self.reference if self.reference is not None else next(iter(self._states.values()), None)
+        problem = params_problem(params, reference if reference is not None else params, subset=self.reference is not None)
+        if problem:
+            raise ValueError(f"{client}: {problem}")
+        if self.weighting == "samples":
+            n = training_amount(meta)
+            if n is None or n < 0:
+                raise ValueError(
+                    f"{client}: weighting='samples' needs meta[{NUM_SAMPLES!r}] (training-set size) or meta[{NUM_STEPS!r}] "
+                    f"(local steps), a positive integer; got {meta.get(NUM_SAMPLES, meta.get(NUM_STEPS))!r}"
+                )
+            self._num_samples[client] = n
+        self._states[client] = params
 
     def aggregate_models(self, round_idx: int, num_rounds: int) -> dict[str, FLModel]:
         """client -> FLModel (FULL) for every accepted client, in the order they were accepted."""
         if not self._states:
             raise ValueError("no result was accepted: nothing to aggregate")
+        keys = [set(s) for s in self._states.values()]
+        if any(k != keys[0] for k in keys[1:]):
+            differ = {c: sorted(set(s) ^ keys[0])[:3] for c, s in self._states.items() if set(s) != keys[0]}
+            raise ValueError(f"the clients sent different keys: {differ}")
         outputs = self.aggregate_states(self._states, self._num_samples, round_idx, num_rounds)
         meta = self.output_meta(round_idx, num_rounds)
         return {
@@ -123,44 +133,36 @@ class PerClientAggregator(FLComponent):
         self._num_samples.clear()
 
 
-class FedAvgAggregator(PerClientAggregator):
-    """Every client gets the same weighted average (`prrfl.methods.aggregation.weighted_average`)."""
-
-    def aggregate_states(self, states, num_samples, round_idx, num_rounds):
-        average = weighted_average(list(states.values()), self.weights(states, num_samples))
-        return {c: {k: v.clone() for k, v in average.items()} for c in states}
+class FedAvgAggregator(PerClientAggregator, aggregation.FedAvg):
+    """Every client gets the same weighted average (prrfl.server.aggregation.FedAvg)."""
 
 
-class FedBNAggregator(PerClientAggregator):
-    """FedAvg with some keys kept at each client: `local_keys` (names), by default every BatchNorm key found by
-    name (`prrfl.algorithms.pfa.guess_batchnorm_keys`: bn/bnN name parts, running statistics and their affine
-    parameters). A client whose result does not carry BN at all simply has nothing kept."""
+class FedBNAggregator(PerClientAggregator, aggregation.FedBN):
+    """FedAvg with some keys kept at each client (prrfl.server.aggregation.FedBN): `local_keys` (names), by
+    default the BatchNorm layers of the controller's model, found by layer type (`local_batchnorm_keys`,
+    the rule prrfl's FedBN uses). Without a model (a controller given only a state dict) name the keys."""
 
     def __init__(self, weighting: Weighting = "samples", local_keys: Iterable[str] | None = None):
-        super().__init__(weighting)
-        self.local_keys = None if local_keys is None else list(local_keys)
+        PerClientAggregator.__init__(self, weighting)
+        aggregation.FedBN.__init__(self, weighting, () if local_keys is None else local_keys)
+        self.local_keys = None if local_keys is None else sorted(local_keys)  # as given (FLARE's job export reads it)
+        self.kept_keys = None if local_keys is None else set(local_keys)
 
-    def aggregate_states(self, states, num_samples, round_idx, num_rounds):
-        keys = list(next(iter(states.values())))
-        local = set(pfa.guess_batchnorm_keys(keys) if self.local_keys is None else self.local_keys)
-        shared = [k for k in keys if k not in local]
-        average = (
-            weighted_average([{k: s[k] for k in shared} for s in states.values()], self.weights(states, num_samples)) if shared else {}
-        )
-        return {c: {k: average[k].clone() if k in average else s[k].detach().clone() for k in keys} for c, s in states.items()}
+    def use_model(self, model: nn.Module | None) -> None:
+        if self.local_keys is not None:
+            return
+        if model is None:
+            raise ValueError(
+                "FedBNAggregator finds the BatchNorm layers it keeps local in the controller's model (an nn.Module); "
+                "with a state dict as the model, give local_keys"
+            )
+        self.kept_keys = local_batchnorm_keys(model)
 
 
-class FourierAggregator(PerClientAggregator):
-    """Progressive Fourier Aggregation (PRR, TMI 2022): `prrfl.algorithms.pfa.pfa_aggregate` with the box
-    half-width r of `pfa_threshold(round_idx, num_rounds, r0, r1, schedule)`.
-
-    Inside the low-frequency box of each weight's centred spectrum the clients share the weighted average
-    amplitude (and phase, for components="amplitude_phase"; "amplitude" is the MICCAI PRR-FL variant);
-    outside, each client keeps its own. BatchNorm keys (`bn_keys`, default found by name) and `skip`
-    patterns stay at the client; the classifier (`classifier_key`: a key, or several such as the branches of
-    an ASPP head; default the last 2-D weight) is mixed row by row, one class per row (`classifier_rowwise`). `r` holds the last aggregation's r; every output
-    model carries it as meta[PFA_R].
-    """
+class FourierAggregator(PerClientAggregator, aggregation.Fourier):
+    """Progressive Fourier Aggregation (PRR, TMI 2022; prrfl.server.aggregation.Fourier), one output per
+    client, each carrying the round's r as meta[PFA_R]. `bn_keys` (default: the BatchNorm layers of the
+    controller's model, by layer type, as `FedBNAggregator`) and `skip` patterns stay at the client."""
 
     def __init__(
         self,
@@ -175,38 +177,19 @@ class FourierAggregator(PerClientAggregator):
         bn_keys: Iterable[str] | None = None,
         skip: Iterable[str] | None = None,
     ):
-        super().__init__(weighting)
-        pfa.pfa_threshold(0, 1, r0=r0, r1=r1, schedule=schedule)  # checks r0, r1 and the schedule now
-        if components not in pfa.COMPONENTS:
-            raise ValueError(f"components must be one of {pfa.COMPONENTS}, got {components!r}")
-        if conv_layout not in pfa.CONV_LAYOUTS:
-            raise ValueError(f"conv_layout must be one of {pfa.CONV_LAYOUTS}, got {conv_layout!r}")
-        self.r0, self.r1, self.schedule = r0, r1, schedule
-        self.components, self.conv_layout = components, conv_layout
-        self.classifier_key = classifier_key if classifier_key is None or isinstance(classifier_key, str) else tuple(classifier_key)
-        self.classifier_rowwise = classifier_rowwise
-        self.bn_keys = None if bn_keys is None else list(bn_keys)
-        self.skip = None if skip is None else list(skip)
-        self.r: float | None = None
-
-    def threshold(self, round_idx: int, num_rounds: int) -> float:
-        """The box half-width r of round `round_idx` (0-based) of `num_rounds`."""
-        return pfa.pfa_threshold(round_idx, num_rounds, r0=self.r0, r1=self.r1, schedule=self.schedule)
-
-    def aggregate_states(self, states, num_samples, round_idx, num_rounds):
-        self.r = self.threshold(round_idx, num_rounds)
-        mixed = pfa.pfa_aggregate(
-            list(states.values()),
-            self.r,
-            weights=self.weights(states, num_samples),
-            components=self.components,
-            conv_layout=self.conv_layout,
-            classifier_key=self.classifier_key,
-            classifier_rowwise=self.classifier_rowwise,
-            bn_keys=self.bn_keys,
-            skip=self.skip,
+        PerClientAggregator.__init__(self, weighting)
+        aggregation.Fourier.__init__(
+            self, r0, r1, schedule, components, conv_layout, classifier_key, classifier_rowwise, weighting, bn_keys or (), skip
         )
-        return dict(zip(states, mixed))
+        self.bn_keys = None if bn_keys is None else sorted(bn_keys)  # as given (FLARE's job export reads it)
+        self.kept_keys = None if bn_keys is None else set(bn_keys)
 
-    def output_meta(self, round_idx: int, num_rounds: int) -> dict[str, Any]:
-        return {PFA_R: self.threshold(round_idx, num_rounds)}
+    def use_model(self, model: nn.Module | None) -> None:
+        if self.bn_keys is not None:
+            return
+        if model is None:
+            raise ValueError(
+                "FourierAggregator finds the BatchNorm layers it keeps local in the controller's model (an nn.Module); "
+                "with a state dict as the model, give bn_keys (() when there is no BatchNorm)"
+            )
+        self.kept_keys = local_batchnorm_keys(model)

@@ -31,7 +31,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from torch import nn
 
 from prrfl.algorithms import det, pfa
-from prrfl.flare.components.aggregators import as_tensors
+from prrfl.server.aggregation import as_tensors
 from prrfl.storage import load_torch, save_torch
 
 

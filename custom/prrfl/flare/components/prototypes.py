@@ -22,73 +22,31 @@ import torch
 from nvflare.apis.fl_component import FLComponent
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from prrfl.algorithms.prototypes import STD_KINDS, PrototypeAccumulator, StdKind, sample_global_prototypes
-from prrfl.methods.prototype_exchange import download_meta
+from prrfl.algorithms.prototypes import PrototypeAccumulator, StdKind
+from prrfl.keys import CLASS_COUNTS, GLOBAL_CLASS_COUNTS, GLOBAL_PROTOTYPE_PRESENT, GLOBAL_PROTOTYPES, PROTOTYPE_PRESENT, PROTOTYPES
+from prrfl.server import prototypes
 
-# client -> server (a result's meta)
-PROTOTYPES = "prototypes"
-PROTOTYPE_PRESENT = "prototype_present"
-CLASS_COUNTS = "class_counts"
-# server -> client (the meta of the next model)
-GLOBAL_PROTOTYPES = "global_prototypes"
-GLOBAL_PROTOTYPE_PRESENT = "global_prototype_present"
-GLOBAL_CLASS_COUNTS = "global_class_counts"
+__all__ = [  # the keys are re-exported from their table, prrfl.keys
+    "CLASS_COUNTS",
+    "GLOBAL_CLASS_COUNTS",
+    "GLOBAL_PROTOTYPES",
+    "GLOBAL_PROTOTYPE_PRESENT",
+    "PROTOTYPES",
+    "PROTOTYPE_PRESENT",
+    "GlobalStatistics",
+    "PrototypeExchange",
+    "PrototypeTracker",
+]
 
 
-class PrototypeExchange(FLComponent):
-    """Server side: global class counts and sampled global prototypes from a round's client results.
-
-    std ("biased" divides by the number of clients, the paper; "unbiased" by n - 1, the authors' code) and
-    std_floor (the least std per dimension; authors: 1.0) are those of `sample_global_prototypes`.
-    The draws come from one torch.Generator seeded `seed` at construction and continued over the rounds;
-    `state_dict()` / `load_state_dict()` save and restore it, so a resumed server draws the same stream.
-    per_client=False (default) draws ONE global set per round, shared by every client (PRR);
-    per_client=True draws one set per client, in the clients' order.
-    """
+class PrototypeExchange(FLComponent, prototypes.PrototypeExchange):
+    """Server side: global class counts and sampled global prototypes from a round's client results, as a
+    FLARE component (the exchange itself is prrfl.server.prototypes.PrototypeExchange, which prrfl's PRR
+    runs). std, std_floor, seed and per_client: see there."""
 
     def __init__(self, std: StdKind = "biased", std_floor: float = 0.0, seed: int = 0, per_client: bool = False):
-        super().__init__()
-        if std not in STD_KINDS:
-            raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
-        if not std_floor >= 0:
-            raise ValueError(f"std_floor must be non-negative, got {std_floor}")
-        self.std, self.std_floor, self.seed, self.per_client = std, std_floor, seed, per_client
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.generator.set_state(state["generator"])
-
-    def sample(self, site_protos: torch.Tensor, site_present: torch.Tensor, draws: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """`draws` samples (global prototypes [C, D], present [C]) from K clients' [K, C, D] and [K, C]."""
-        return [
-            sample_global_prototypes(site_protos, site_present, generator=self.generator, std=self.std, std_floor=self.std_floor)
-            for _ in range(draws)
-        ]
-
-    def exchange(self, results: Mapping[str, Mapping[str, Any]], clients: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
-        """client -> meta to add to its next model, for each of `clients` (default: those of `results`).
-
-        results: client -> the meta of its result, in a fixed order (the draws follow it). Counts are summed
-        over the results that carry CLASS_COUNTS; prototypes are sampled from those that carry PROTOTYPES
-        (nothing is drawn when none does). A key is left out when no result brought what it needs.
-        """
-        clients = list(results) if clients is None else list(clients)
-        meta: dict[str, Any] = {}
-        counts = [torch.as_tensor(m[CLASS_COUNTS], dtype=torch.long) for m in results.values() if CLASS_COUNTS in m]
-        if counts:
-            meta[GLOBAL_CLASS_COUNTS] = torch.stack(counts).sum(dim=0).tolist()
-        with_protos = [m for m in results.values() if PROTOTYPES in m]
-        if not with_protos:
-            return {c: dict(meta) for c in clients}
-        site_protos = torch.stack([torch.as_tensor(m[PROTOTYPES], dtype=torch.float64) for m in with_protos])
-        present = torch.stack([torch.as_tensor(m[PROTOTYPE_PRESENT], dtype=torch.bool) for m in with_protos])
-        drawn = self.sample(site_protos, present, draws=len(clients) if self.per_client else 1)
-        if not self.per_client:
-            drawn = drawn * len(clients)
-        return {c: {**meta, **download_meta(*d)} for c, d in zip(clients, drawn)}
+        FLComponent.__init__(self)
+        prototypes.PrototypeExchange.__init__(self, std, std_floor, seed, per_client)
 
 
 class PrototypeTracker:

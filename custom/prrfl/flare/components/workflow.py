@@ -27,9 +27,10 @@ from nvflare.app_opt.pt.decomposers import TensorDecomposer
 from nvflare.fuel.utils import fobs
 from torch import nn
 
-from prrfl.flare.components.aggregators import PerClientAggregator, add_difference, as_tensors
+from prrfl.flare.components.aggregators import PerClientAggregator
 from prrfl.flare.components.controller import PerClientController
 from prrfl.flare.components.prototypes import PrototypeExchange
+from prrfl.server.aggregation import add_difference, as_tensors
 from prrfl.storage import save_torch
 
 MODELS_DIR = "models"  # under the job's run dir on the server: <client>.pt per client
@@ -101,6 +102,12 @@ class PersonalizedFedAvg(PerClientController):
 
     def _run(self) -> None:
         initial = self.initial_state()
+        try:  # the aggregator learns the model's keys and shapes (results are checked against them) and its BatchNorm layers
+            self.aggregator.use_model(self.model if isinstance(self.model, nn.Module) else None)
+        except ValueError as e:
+            self.panic(f"the job cannot start: {e}")
+            return
+        self.aggregator.set_reference(initial)
         for round_idx in range(self.num_rounds):
             if self.abort_signal.triggered:
                 return

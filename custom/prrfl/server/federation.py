@@ -16,20 +16,19 @@ from __future__ import annotations
 import copy
 import uuid
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 
 from prrfl.config import ConfigError, RunConfig
-from prrfl.flare.protocol import add_to_sent
-from prrfl.flare.validation import NORM_HISTORY, norm_outliers, update_norm, upload_problem
 from prrfl.messages import Download, PrepareReply, Upload
-from prrfl.report import participation, results_table
+from prrfl.server.aggregation import add_difference
+from prrfl.server.checks import NORM_HISTORY, norm_outliers, update_norm, upload_problem
+from prrfl.summary import participation, results_table
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from prrfl.methods.base import Method
     from prrfl.tasks.base import Task
 
 Level = Literal["info", "warning", "error"]
@@ -111,12 +110,30 @@ class Outcome:
     summary: RoundSummary | None = None
 
 
+def add_to_sent(upload: Upload, sent: dict[str, torch.Tensor]) -> Upload:
+    """The site's trained weights: what the server sent plus the (checked) difference, in the sent dtype."""
+    return Upload(upload.site, add_difference(upload.params, sent), upload.num_train, upload.class_counts, upload.meta)
+
+
 def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+class ServerMethod(Protocol):
+    """What the round logic needs of a method (prrfl.methods.base.Method has it): its model, the entries that
+    travel, its aggregation, and its global model when it has one."""
+
+    def build_model(self) -> torch.nn.Module: ...
+
+    def shared_keys(self, model: torch.nn.Module) -> list[str]: ...
+
+    def aggregate(self, uploads: list[Upload], round_idx: int, server: dict[str, Any]) -> dict[str, Download]: ...
+
+    def global_params(self, downloads: dict[str, Download]) -> dict[str, torch.Tensor] | None: ...
+
+
 class Federation:
-    def __init__(self, cfg: RunConfig, task: Task, method: Method):
+    def __init__(self, cfg: RunConfig, task: Task, method: ServerMethod):
         self.cfg, self.task, self.method = cfg, task, method
         self._reference: dict[str, torch.Tensor] | None = None
 

@@ -1,4 +1,5 @@
-"""Server-side checks of a site's upload before it may influence anyone else's model.
+"""Server-side checks of a site's upload before it may influence anyone else's model, for prrfl's jobs and
+the FLARE components alike (no FLARE import).
 
 A malformed or poisoned upload (wrong keys or shapes, NaN/Inf, bad counts or prototypes) is
 rejected for the round with a reason; the others are aggregated as usual. So is an upload whose
@@ -10,39 +11,52 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from prrfl.keys import PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.messages import Upload
 
 if TYPE_CHECKING:
     from prrfl.tasks.base import Task
 
 
-def upload_problem(upload: Upload, reference: dict[str, torch.Tensor], task: Task) -> str | None:
-    """None when the upload is usable, else a one-line reason."""
-    keys, expected = set(upload.params), set(reference)
-    if keys != expected:
-        missing, extra = sorted(expected - keys), sorted(keys - expected)
+def params_problem(params: Mapping[str, Any], reference: Mapping[str, torch.Tensor], subset: bool = False) -> str | None:
+    """None when `params` are tensors of the `reference`'s keys and shapes, all finite; else a one-line reason.
+    subset: the params may carry only some of the reference's keys (a FLARE client that keeps some at home)."""
+    keys, expected = set(params), set(reference)
+    missing, extra = sorted(expected - keys), sorted(keys - expected)
+    if extra or (missing and not subset):
         return f"parameter keys differ from the model's (missing {missing[:5]}, unexpected {extra[:5]})"
-    for key, ref in reference.items():
-        value = upload.params[key]
+    for key in sorted(keys, key=list(reference).index):
+        value, ref = params[key], reference[key]
         if not isinstance(value, torch.Tensor):
             return f"parameter {key} is a {type(value).__name__}, expected a tensor"
         if tuple(value.shape) != tuple(ref.shape):
             return f"parameter {key} has shape {tuple(value.shape)}, expected {tuple(ref.shape)}"
         if value.is_floating_point() and not torch.isfinite(value).all():
             return f"parameter {key} holds NaN or Inf"
-    problem = task.stats_problem(upload.num_train, upload.class_counts)  # the task knows what its counts count
-    return problem or _prototype_problem(upload.meta, task.num_classes)
+    return None
 
 
-def _prototype_problem(meta: dict[str, Any], num_classes: int) -> str | None:
-    if "prototypes" not in meta:
+def upload_problem(upload: Upload, reference: dict[str, torch.Tensor], task: Task) -> str | None:
+    """None when the upload is usable, else a one-line reason."""
+    problem = params_problem(upload.params, reference)
+    problem = problem or task.stats_problem(upload.num_train, upload.class_counts)  # the task knows what its counts count
+    return problem or prototype_problem(upload.meta, task.num_classes)
+
+
+def prototype_problem(meta: Mapping[str, Any], num_classes: int | None = None) -> str | None:
+    """None when the meta carries no prototypes or well-formed ones (one finite row per class, rows of one
+    length, a presence flag per class; `num_classes` None: as many as the rows), else a one-line reason."""
+    if PROTOTYPES not in meta:
         return None
-    protos = meta["prototypes"]
-    present = meta.get("prototype_present")
+    protos = meta[PROTOTYPES]
+    present = meta.get(PROTOTYPE_PRESENT)
+    if num_classes is None and isinstance(protos, list):
+        num_classes = len(protos)
     if not isinstance(protos, list) or len(protos) != num_classes:
         return f"prototypes must have one row per class ({num_classes})"
     if present is None or len(present) != num_classes:

@@ -1,0 +1,75 @@
+"""The FLARE components' guarantees in FLARE's simulator, with a stock Client API script (hello-pt style: receive,
+change the weights, send; nothing of prrfl at the clients): a client whose upload holds a NaN is refused by name for
+that round, and no other client's model is touched by it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import prrfl
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE_MODEL = Path(__file__).resolve().parents[1] / "examples" / "fourier_pfa" / "model.py"
+SITES = ("site-1", "site-2", "site-3")
+
+JOB = """
+import sys
+from model import Net
+from nvflare.client.config import ExchangeFormat, TransferType
+from nvflare.job_config.api import FedJob
+from nvflare.job_config.script_runner import ScriptRunner
+from prrfl.flare.components import FourierAggregator, PersonalizedFedAvg
+
+job = FedJob(name="guarantees", min_clients=3)
+job.set_app_packages(["prrfl"])
+job.to_server(PersonalizedFedAvg(num_rounds=2, aggregator=FourierAggregator(weighting="samples"), model=Net(), min_clients=2))
+job.to_clients(ScriptRunner(script="client.py", params_transfer_type=TransferType.DIFF, server_expected_format=ExchangeFormat.PYTORCH))
+job.simulator_run(sys.argv[1], n_clients=3)
+"""
+
+CLIENT = """
+import nvflare.client as flare
+
+flare.init()
+site = flare.get_site_name()
+while flare.is_running():
+    model = flare.receive()
+    params = {k: v.clone() for k, v in model.params.items()}
+    for k, v in params.items():  # "training": every client moves its weights its own way
+        if v.is_floating_point():
+            v.add_(0.01 * int(site[-1]))
+    if site == "site-2" and model.current_round == 0:
+        params["conv2.weight"].view(-1)[0] = float("nan")
+    flare.send(flare.FLModel(params=params, meta={"NUM_STEPS_CURRENT_ROUND": 10}))
+"""
+
+
+@pytest.fixture(scope="module")
+def poisoned_run(tmp_path_factory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("guarantees")
+    shutil.copy(EXAMPLE_MODEL, root / "model.py")
+    (root / "job.py").write_text(JOB)
+    (root / "client.py").write_text(CLIENT)
+    custom = str(Path(prrfl.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([custom, str(root), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "job.py", str(root / "ws")], cwd=root, env=env, capture_output=True, text=True, timeout=400)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    return root / "ws", log
+
+
+def test_a_nan_upload_is_refused_by_name_and_poisons_no_client(poisoned_run):
+    ws, log = poisoned_run
+    assert "round 0: the result of site-2 cannot be used: site-2: parameter conv2.weight holds NaN or Inf" in log
+    models = {s: torch.load(ws / "server" / "simulate_job" / "models" / f"{s}.pt") for s in SITES}
+    for site, state in models.items():
+        assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()), site
+    assert "round 1 done: aggregated ['site-1', 'site-2', 'site-3']" in log  # site-2 is back once its upload is usable
