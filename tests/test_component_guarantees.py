@@ -1,10 +1,12 @@
 """The FLARE components' guarantees in FLARE's simulator, with a stock Client API script (hello-pt style: receive,
 change the weights, send; nothing of prrfl at the clients): a client whose upload holds a NaN is refused by name for
-that round, and no other client's model is touched by it."""
+that round, and no other client's model is touched by it; a client that raises is reported as failed, not as late;
+FLARE's round events fire as its FedAvg fires them."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +25,7 @@ SITES = ("site-1", "site-2", "site-3")
 JOB = """
 import sys
 from model import Net
+from widgets import RoundEvents
 from nvflare.client.config import ExchangeFormat, TransferType
 from nvflare.job_config.api import FedJob
 from nvflare.job_config.script_runner import ScriptRunner
@@ -30,7 +33,8 @@ from prrfl.flare.components import FourierAggregator, PersonalizedFedAvg
 
 job = FedJob(name="guarantees", min_clients=3)
 job.set_app_packages(["prrfl"])
-job.to_server(PersonalizedFedAvg(num_rounds=2, aggregator=FourierAggregator(weighting="samples"), model=Net(), min_clients=2))
+job.to_server(PersonalizedFedAvg(num_rounds=3, aggregator=FourierAggregator(weighting="samples"), model=Net(), min_clients=2))
+job.to_server(RoundEvents(), id="round_events")
 job.to_clients(ScriptRunner(script="client.py", params_transfer_type=TransferType.DIFF, server_expected_format=ExchangeFormat.PYTORCH))
 job.simulator_run(sys.argv[1], n_clients=3)
 """
@@ -48,7 +52,26 @@ while flare.is_running():
             v.add_(0.01 * int(site[-1]))
     if site == "site-2" and model.current_round == 0:
         params["conv2.weight"].view(-1)[0] = float("nan")
+    if site == "site-3" and model.current_round == 2:
+        raise RuntimeError("the disk of site-3 is full")
     flare.send(flare.FLModel(params=params, meta={"NUM_STEPS_CURRENT_ROUND": 10}))
+"""
+
+
+WIDGETS = """
+from nvflare.apis.fl_component import FLComponent
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+
+EVENTS = (AppEventType.ROUND_STARTED, AppEventType.BEFORE_AGGREGATION, AppEventType.AFTER_AGGREGATION, AppEventType.ROUND_DONE)
+
+
+class RoundEvents(FLComponent):
+    def handle_event(self, event_type, fl_ctx):
+        if event_type in EVENTS:
+            result = fl_ctx.get_prop(AppConstants.AGGREGATION_RESULT) if event_type == AppEventType.AFTER_AGGREGATION else None
+            outputs = sorted(result) if isinstance(result, dict) else ""
+            self.log_info(fl_ctx, f"heard {event_type} round {fl_ctx.get_prop(AppConstants.CURRENT_ROUND)} {outputs}")
 """
 
 
@@ -58,6 +81,7 @@ def poisoned_run(tmp_path_factory) -> tuple[Path, str]:
     shutil.copy(EXAMPLE_MODEL, root / "model.py")
     (root / "job.py").write_text(JOB)
     (root / "client.py").write_text(CLIENT)
+    (root / "widgets.py").write_text(WIDGETS)
     custom = str(Path(prrfl.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([custom, str(root), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "job.py", str(root / "ws")], cwd=root, env=env, capture_output=True, text=True, timeout=400)
@@ -73,3 +97,23 @@ def test_a_nan_upload_is_refused_by_name_and_poisons_no_client(poisoned_run):
     for site, state in models.items():
         assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()), site
     assert "round 1 done: aggregated ['site-1', 'site-2', 'site-3']" in log  # site-2 is back once its upload is usable
+
+
+def test_a_client_that_raises_is_reported_as_failed_not_late(poisoned_run):
+    _, log = poisoned_run
+    # the script's exception ends the in-process task as aborted (FLARE's return code), which is named
+    assert re.search(
+        r"round 2: no result from site-3: its task failed \((TASK_ABORTED|EXECUTION_EXCEPTION)\); that client's log says why", log
+    )
+    assert "deadline" not in log.split("round 3/3")[1]  # no deadline was set: none is blamed
+    assert "round 2 done: aggregated ['site-1', 'site-2']" in log
+
+
+def test_flares_round_events_fire_as_fedavg_fires_them(poisoned_run):
+    _, log = poisoned_run
+    heard = re.findall(r"heard (\w+) round (\d+) ?(.*)", log)
+    want = []
+    for r, outputs in ((0, "['site-1', 'site-3']"), (1, "['site-1', 'site-2', 'site-3']"), (2, "['site-1', 'site-2']")):
+        want += [("_round_started", str(r), ""), ("_before_aggregation", str(r), ""), ("_after_aggregation", str(r), outputs)]
+        want += [("_round_done", str(r), "")]
+    assert [(e.strip(), n, o.strip()) for e, n, o in heard] == want

@@ -392,6 +392,7 @@ class ScriptedRounds(PersonalizedFedAvg):
     def __init__(self, answers, **kwargs):
         super().__init__(**kwargs)
         self.answers, self.sent, self.messages, self.panicked, self.saved = answers, [], [], None, False
+        self.events = []
         self.abort_signal = Signal()
 
     def sample_clients(self, num_clients=None):
@@ -411,6 +412,18 @@ class ScriptedRounds(PersonalizedFedAvg):
 
     def _save_models(self):
         self.saved = True
+
+    def round_started(self, round_idx, num_rounds):
+        self.events.append(f"ROUND_STARTED {round_idx}/{num_rounds}")
+
+    def before_aggregation(self):
+        self.events.append("BEFORE_AGGREGATION")
+
+    def after_aggregation(self, outputs):
+        self.events.append(f"AFTER_AGGREGATION {sorted(outputs)}")
+
+    def round_done(self):
+        self.events.append("ROUND_DONE")
 
 
 def diff(client: str, w: list[float], **meta) -> FLModel:
@@ -442,6 +455,9 @@ def test_clients_that_answer_get_the_aggregate_the_others_keep_their_model():
     assert all(m.meta == {GLOBAL_CLASS_COUNTS: [4, 2]} for m in second.values())  # c gets the global statistics too
     assert controller.models["a"]["w"].tolist() == [3.0, 4.0] and controller.models["c"]["w"].tolist() == [1.0, 1.0]
     assert any("no result from c" in m and "keeps its previous model" in m for m in controller.messages)
+    assert "round 1: a sent no class_counts and no prototypes: it is left out of the global statistics" in " ".join(controller.messages)
+    round_events = ["ROUND_STARTED {}/2", "BEFORE_AGGREGATION", "AFTER_AGGREGATION ['a', 'b']", "ROUND_DONE"]
+    assert controller.events == [e.format(0) for e in round_events] + [e.format(1) for e in round_events]  # as FLARE's FedAvg
 
 
 def test_too_few_usable_results_stop_the_job_without_saving():

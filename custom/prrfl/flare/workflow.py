@@ -157,6 +157,7 @@ class PersonalizedWorkflow(PerClientController):
         for round_idx in range(state.next_round, cfg.num_rounds):
             if self.abort_signal.triggered:
                 return
+            self.round_started(round_idx, cfg.num_rounds)
             observed, estimates = state.observed_seconds(), list(state.round_estimates.values())
             self.info(
                 f"round {round_idx + 1}/{cfg.num_rounds}: sending each of {len(sites)} sites its own model; "
@@ -170,6 +171,7 @@ class PersonalizedWorkflow(PerClientController):
             )
             if self.abort_signal.triggered:
                 return
+            self.before_aggregation()
             outcome = federation.round(state, round_idx, round_answers(answers))
             self._log(outcome.events)
             if outcome.stop:
@@ -179,6 +181,7 @@ class PersonalizedWorkflow(PerClientController):
                 )
                 return
             state = outcome.state
+            self.after_aggregation({s: FLModel(params=d.params, meta=d.meta) for s, d in outcome.downloads.items()})
             try:
                 self._save_state(state, state_dir)
             except OSError as e:  # e.g. prrfl.storage.DiskFullError: one line, the last saved round kept
@@ -191,6 +194,7 @@ class PersonalizedWorkflow(PerClientController):
             summaries = outcome.summary.summaries
             self._log_round(round_idx, summaries, task.primary_metric, method.eval_role)
             self._track_round(round_idx, summaries, method.server_scalars(outcome.downloads), task.primary_metric)
+            self.round_done()
 
         self._finish(federation, state, state_dir)
 

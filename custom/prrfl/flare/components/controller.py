@@ -4,16 +4,28 @@
 that client's own model (`send_model(..., targets=[client])`), and waits until every client answered, a
 deadline passed, or only clients that are gone are left: FLARE's dead-client report in a deployment, the
 end of a client's process in the simulator (`prrfl.flare.liveness.WorkerWatch`, which FLARE's simulator
-does not report). A client that failed, did not answer in time or is gone is named in `Answers.missing`
-with the reason; the caller decides whether the round can go on.
+does not report). A client that failed (its task ended with an error code: the script raised, the task
+was aborted), did not answer in time or is gone is named in `Answers.missing` with the reason; the caller
+decides whether the round can go on.
+
+Its rounds fire FLARE's round events as FLARE's `FedAvg` fires them (`round_started`, `before_aggregation`,
+`after_aggregation`, `round_done`), with `AppConstants.CURRENT_ROUND` and `NUM_ROUNDS` in the context, so
+FLARE widgets that listen for them work with the per-client controllers too. The aggregation result of
+`AFTER_AGGREGATION` is the round's outputs, client -> FLModel.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable
 from nvflare.app_common.abstract.fl_model import FLModel
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.model_controller import ModelController
 
 from prrfl.flare import places
@@ -41,6 +53,30 @@ class PerClientController(ModelController):
         kwargs.setdefault("ignore_result_error", True)  # a failed client must not end the job
         super().__init__(*args, **kwargs)
         self.lost: dict[str, int] = {}
+        self.failed: dict[str, str] = {}  # client -> the error code its task of the current send_each ended with
+
+    # ----- FLARE's round events, as its FedAvg fires them -----------------------------------------------
+    def round_started(self, round_idx: int, num_rounds: int) -> None:
+        self.fl_ctx.set_prop(AppConstants.NUM_ROUNDS, num_rounds, private=True, sticky=False)
+        self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, round_idx, private=True, sticky=False)
+        self.event(AppEventType.ROUND_STARTED)
+
+    def before_aggregation(self) -> None:
+        self.event(AppEventType.BEFORE_AGGREGATION)
+
+    def after_aggregation(self, outputs: dict[str, Any]) -> None:
+        self.fire_event_with_data(AppEventType.AFTER_AGGREGATION, self.fl_ctx, AppConstants.AGGREGATION_RESULT, outputs)
+
+    def round_done(self) -> None:
+        self.event(AppEventType.ROUND_DONE)
+
+    def _accept_train_result(self, client_name: str, result: Shareable, fl_ctx: FLContext, is_unknown_task: bool = False) -> bool:
+        """FLARE's check of a result's return code (nvflare 2.9's ModelController), recording why a client's
+        task failed, so that the round names the real reason rather than a deadline."""
+        rc = result.get_return_code()
+        if rc not in (None, ReturnCode.OK) and not is_unknown_task:
+            self.failed[client_name] = str(rc)
+        return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
 
     def in_simulator(self) -> bool:
         return places.in_simulator(self.fl_ctx.get_job_id() if self.fl_ctx else None)
@@ -53,6 +89,7 @@ class PerClientController(ModelController):
         that does not answer is recorded as lost in that round."""
         answers = Answers()
         sent = time.time()
+        self.failed = {}
 
         def collect(result: FLModel) -> None:
             client = result.meta["client_name"]
@@ -68,7 +105,7 @@ class PerClientController(ModelController):
         while self.get_num_standing_tasks() and not self.abort_signal.triggered:
             if watch is not None:
                 ended = watch.gone(set(models) - set(answers.results))
-            waiting = {c for c in expected - set(answers.results) - ended if not self.get_client_disconnect_time(c)}
+            waiting = {c for c in expected - set(answers.results) - ended - set(self.failed) if not self.get_client_disconnect_time(c)}
             if not waiting or (deadline is not None and time.time() - sent > deadline):
                 break
             time.sleep(0.2)
@@ -76,7 +113,9 @@ class PerClientController(ModelController):
             self.cancel_all_tasks()  # late results are dropped by FLARE
         elapsed = time.time() - sent
         for client in sorted(set(models) - set(answers.results)):
-            if client in ended:
+            if client in self.failed:
+                answers.missing[client] = f"its task failed ({self.failed[client]}); that client's log says why"
+            elif client in ended:
                 answers.missing[client] = "its simulator process ended without an answer (killed or crashed)"
             elif self.get_client_disconnect_time(client):
                 answers.missing[client] = "FLARE reports it disconnected (its job process or its heartbeat is gone)"

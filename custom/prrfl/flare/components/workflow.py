@@ -30,7 +30,9 @@ from torch import nn
 from prrfl.flare.components.aggregators import PerClientAggregator
 from prrfl.flare.components.controller import PerClientController
 from prrfl.flare.components.prototypes import PrototypeExchange
+from prrfl.keys import CLASS_COUNTS, PROTOTYPES
 from prrfl.server.aggregation import add_difference, as_tensors
+from prrfl.server.checks import prototype_problem
 from prrfl.storage import save_torch
 
 MODELS_DIR = "models"  # under the job's run dir on the server: <client>.pt per client
@@ -114,6 +116,7 @@ class PersonalizedFedAvg(PerClientController):
             clients = sorted(self.sample_clients())
             for client in clients:
                 self.models.setdefault(client, {k: v.clone() for k, v in initial.items()})
+            self.round_started(round_idx, self.num_rounds)
             self.info(f"round {round_idx + 1}/{self.num_rounds}: sending each of {len(clients)} clients its own model")
             answers = self.send_each(self.task_name, {c: self._task_model(c, round_idx) for c in clients}, self.timeout, round_idx)
             if self.abort_signal.triggered:
@@ -127,6 +130,7 @@ class PersonalizedFedAvg(PerClientController):
                     f"fewer than min_clients={self.min_clients}; the job stops"
                 )
                 return
+            self.before_aggregation()
             try:
                 outputs = self.aggregator.aggregate_models(round_idx, self.num_rounds)
             except ValueError as e:  # e.g. clients' models of different shapes
@@ -134,12 +138,14 @@ class PersonalizedFedAvg(PerClientController):
                 return
             finally:
                 self.aggregator.reset_stats()
+            self.after_aggregation(outputs)
             for client, output in outputs.items():
                 self.models[client].update(output.params)
             if self.prototypes is not None:
-                self.next_meta.update(self.prototypes.exchange({c: answers.results[c].meta or {} for c in accepted}, clients))
+                self.next_meta.update(self.prototypes.exchange(self._statistics(answers.results, accepted, round_idx), clients))
             meta = next(iter(outputs.values())).meta
             self.info(f"round {round_idx} done: aggregated {sorted(accepted)}" + (f"; {meta}" if meta else ""))
+            self.round_done()
         self._save_models()
 
     def _task_model(self, client: str, round_idx: int) -> FLModel:
@@ -165,6 +171,25 @@ class PersonalizedFedAvg(PerClientController):
                 continue
             accepted.append(client)
         return accepted
+
+    def _statistics(self, results: Mapping[str, FLModel], accepted: list[str], round_idx: int) -> dict[str, dict[str, Any]]:
+        """The accepted clients' metas for the prototype exchange; a client that sent no class counts or
+        prototypes, or malformed prototypes, is named in a warning (and its prototypes left out)."""
+        metas = {}
+        for client in accepted:
+            meta = dict(results[client].meta or {})
+            lacking = [key for key in (CLASS_COUNTS, PROTOTYPES) if key not in meta]
+            if lacking:
+                self.warning(
+                    f"round {round_idx}: {client} sent no {' and no '.join(lacking)}: it is left out of the global statistics "
+                    "(PrototypeTracker.attach puts them into the result)"
+                )
+            problem = prototype_problem(meta)
+            if problem:
+                self.warning(f"round {round_idx}: the prototypes of {client} are left out of the global statistics: {problem}")
+                meta.pop(PROTOTYPES)
+            metas[client] = meta
+        return metas
 
     def _save_models(self) -> None:
         folder = Path(self.engine.get_workspace().get_run_dir(self.fl_ctx.get_job_id())) / MODELS_DIR
