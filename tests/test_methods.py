@@ -373,3 +373,41 @@ def test_a_method_that_cannot_apply_to_a_task_is_refused_when_the_job_is_built(t
     monkeypatch.setattr(FedAvg, "unsupported_reason", classmethod(lambda cls, task: "needs class labels per image"))
     with pytest.raises(ConfigError, match="method 'fedavg' cannot run on task 'tinyseg': needs class labels per image"):
         build_method(RunConfig(task="tinyseg", method="fedavg"), tiny_seg_task)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedbn", "prr"])
+def test_the_flare_component_and_prrfls_method_give_the_same_outputs_on_the_same_uploads(tiny_task, name):
+    """One server path: the FLARE component that a FLARE job uses (FLModels through accept / aggregate) and prrfl's
+    method (Uploads) compute the same tensors, bit for bit."""
+    from nvflare.app_common.abstract.fl_model import FLModel
+
+    from prrfl.flare.components import NUM_SAMPLES, FedAvgAggregator, FedBNAggregator, FourierAggregator
+
+    m = method(tiny_task, name)
+    model = tiny_task.build_model()
+    torch.manual_seed(3)
+    shared = m.shared_keys(model)
+    ups = [
+        Upload(
+            f"s{i}",
+            {k: torch.randn_like(v) if v.is_floating_point() else v for k, v in model.state_dict().items() if k in shared},
+            n,
+            [n, 0, 0],
+        )
+        for i, n in enumerate((5, 9, 20))
+    ]
+    downloads = m.aggregate(ups, 1, {})
+    if name == "prr":
+        o = m.opt
+        component = FourierAggregator(
+            o.r0, o.r1, o.r_schedule, o.pfa_components, o.conv_layout, m.classifier_keys, o.classifier_rowwise, o.site_weights
+        )
+    else:
+        component = (FedAvgAggregator if name == "fedavg" else FedBNAggregator)(weighting=m.weighting)
+    component.use_model(model)
+    for u in ups:
+        component.accept_model(FLModel(params=u.params, meta={"client_name": u.site, NUM_SAMPLES: u.num_train}))
+    outputs = component.aggregate_models(1, m.cfg.num_rounds)
+    for u in ups:
+        assert downloads[u.site].params.keys() == outputs[u.site].params.keys()
+        assert all(torch.equal(downloads[u.site].params[k], outputs[u.site].params[k]) for k in shared)
