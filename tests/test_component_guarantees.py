@@ -38,6 +38,8 @@ job.to_server(RoundEvents(), id="round_events")
 job.to_clients(ScriptRunner(script="client.py", params_transfer_type=TransferType.DIFF, server_expected_format=ExchangeFormat.PYTORCH))
 job.simulator_run(sys.argv[1], n_clients=3)
 """
+# the same job with the clients' ScriptRunner left at FLARE's default exchange format (NUMPY)
+JOB_NUMPY = JOB.replace(", server_expected_format=ExchangeFormat.PYTORCH", "").replace("num_rounds=3", "num_rounds=1")
 
 CLIENT = """
 import nvflare.client as flare
@@ -75,11 +77,10 @@ class RoundEvents(FLComponent):
 """
 
 
-@pytest.fixture(scope="module")
-def poisoned_run(tmp_path_factory) -> tuple[Path, str]:
-    root = tmp_path_factory.mktemp("guarantees")
+def run_job(root: Path, job: str) -> str:
+    """The job in FLARE's simulator from `root` (this checkout's prrfl importable); its log."""
     shutil.copy(EXAMPLE_MODEL, root / "model.py")
-    (root / "job.py").write_text(JOB)
+    (root / "job.py").write_text(job)
     (root / "client.py").write_text(CLIENT)
     (root / "widgets.py").write_text(WIDGETS)
     custom = str(Path(prrfl.__file__).resolve().parents[1])
@@ -87,7 +88,13 @@ def poisoned_run(tmp_path_factory) -> tuple[Path, str]:
     proc = subprocess.run([sys.executable, "job.py", str(root / "ws")], cwd=root, env=env, capture_output=True, text=True, timeout=400)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
-    return root / "ws", log
+    return log
+
+
+@pytest.fixture(scope="module")
+def poisoned_run(tmp_path_factory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("guarantees")
+    return root / "ws", run_job(root, JOB)
 
 
 def test_a_nan_upload_is_refused_by_name_and_poisons_no_client(poisoned_run):
@@ -117,3 +124,15 @@ def test_flares_round_events_fire_as_fedavg_fires_them(poisoned_run):
         want += [("_round_started", str(r), ""), ("_before_aggregation", str(r), ""), ("_after_aggregation", str(r), outputs)]
         want += [("_round_done", str(r), "")]
     assert [(e.strip(), n, o.strip()) for e, n, o in heard] == want
+
+
+def test_a_client_left_at_the_numpy_exchange_format_stops_the_job_naming_the_fix(tmp_path):
+    """The clients cannot decode the torch tensors they are sent and fetch their task again and again: instead of
+    waiting for ever (no deadline is set), the job stops at once with one error that says what to change."""
+    log = run_job(tmp_path, JOB_NUMPY)  # within the subprocess timeout: no hang
+    assert re.search(
+        r"round 0: site-\d asked for its task \d+ times without taking it: its Client API cannot read the model the server "
+        r"sent \(torch tensors\)\. Give the clients' ScriptRunner server_expected_format=ExchangeFormat\.PYTORCH",
+        log,
+    )
+    assert "round 0 done" not in log

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from nvflare.apis.controller_spec import ClientTask
 from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
@@ -31,6 +32,14 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from prrfl.flare import places
 from prrfl.flare.liveness import WorkerWatch, release_lost_workers
 
+RESEND_LIMIT = 5  # a client that fetches the same task this many times without answering cannot read it
+
+UNREADABLE = (
+    "asked for its task {count} times without taking it: its Client API cannot read the model the server sent "
+    "(torch tensors). Give the clients' ScriptRunner server_expected_format=ExchangeFormat.PYTORCH "
+    "(nvflare.client.config), as the components exchange torch tensors"
+)
+
 
 @dataclass
 class Answers:
@@ -39,6 +48,7 @@ class Answers:
     results: dict[str, FLModel] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # send -> result, per client that answered
     missing: dict[str, str] = field(default_factory=dict)  # client -> why nothing came back
+    unreadable: list[str] = field(default_factory=list)  # clients that cannot read what was sent: the job cannot go on
 
 
 class PerClientController(ModelController):
@@ -54,6 +64,7 @@ class PerClientController(ModelController):
         super().__init__(*args, **kwargs)
         self.lost: dict[str, int] = {}
         self.failed: dict[str, str] = {}  # client -> the error code its task of the current send_each ended with
+        self.sends: dict[str, int] = {}  # client -> times its task of the current send_each was fetched
 
     # ----- FLARE's round events, as its FedAvg fires them -----------------------------------------------
     def round_started(self, round_idx: int, num_rounds: int) -> None:
@@ -69,6 +80,13 @@ class PerClientController(ModelController):
 
     def round_done(self) -> None:
         self.event(AppEventType.ROUND_DONE)
+
+    def _prepare_task_data(self, client_task: ClientTask, fl_ctx: FLContext) -> None:
+        """Called by FLARE each time a client fetches its task (nvflare 2.9's ModelController): counts the fetches.
+        A Client API that cannot decode the task (a ScriptRunner left at the NUMPY exchange format receiving torch
+        tensors) fetches it again and again, and the round would wait for ever."""
+        self.sends[client_task.client.name] = client_task.task_send_count + 1
+        super()._prepare_task_data(client_task, fl_ctx)
 
     def _accept_train_result(self, client_name: str, result: Shareable, fl_ctx: FLContext, is_unknown_task: bool = False) -> bool:
         """FLARE's check of a result's return code (nvflare 2.9's ModelController), recording why a client's
@@ -89,7 +107,7 @@ class PerClientController(ModelController):
         that does not answer is recorded as lost in that round."""
         answers = Answers()
         sent = time.time()
-        self.failed = {}
+        self.failed, self.sends = {}, {}
 
         def collect(result: FLModel) -> None:
             client = result.meta["client_name"]
@@ -106,14 +124,17 @@ class PerClientController(ModelController):
             if watch is not None:
                 ended = watch.gone(set(models) - set(answers.results))
             waiting = {c for c in expected - set(answers.results) - ended - set(self.failed) if not self.get_client_disconnect_time(c)}
-            if not waiting or (deadline is not None and time.time() - sent > deadline):
+            answers.unreadable = sorted(c for c, n in self.sends.items() if n >= RESEND_LIMIT and c not in answers.results)
+            if not waiting or answers.unreadable or (deadline is not None and time.time() - sent > deadline):
                 break
             time.sleep(0.2)
         if self.get_num_standing_tasks():
             self.cancel_all_tasks()  # late results are dropped by FLARE
         elapsed = time.time() - sent
         for client in sorted(set(models) - set(answers.results)):
-            if client in self.failed:
+            if client in answers.unreadable:
+                answers.missing[client] = UNREADABLE.format(count=self.sends[client])
+            elif client in self.failed:
                 answers.missing[client] = f"its task failed ({self.failed[client]}); that client's log says why"
             elif client in ended:
                 answers.missing[client] = "its simulator process ended without an answer (killed or crashed)"

@@ -121,6 +121,10 @@ class PersonalizedFedAvg(PerClientController):
             answers = self.send_each(self.task_name, {c: self._task_model(c, round_idx) for c in clients}, self.timeout, round_idx)
             if self.abort_signal.triggered:
                 return
+            if answers.unreadable:
+                client = answers.unreadable[0]
+                self.panic(f"round {round_idx}: {client} {answers.missing[client]}; the job stops")
+                return
             for client, why in sorted(answers.missing.items()):
                 self.warning(f"round {round_idx}: no result from {client}: {why}; it keeps its previous model")
             accepted = self._accept(answers.results, round_idx)
