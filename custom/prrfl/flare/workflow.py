@@ -51,6 +51,13 @@ def resume_problem(saved: dict[str, Any], requested: dict[str, Any], next_round:
 
 
 class PersonalizedWorkflow(PerClientController):
+    """prrfl's own jobs on the per-client controller's round loop (`PerClientController.run_rounds`, the loop
+    `PersonalizedFedAvg` runs too), adding only what is prrfl's: the run config checked before any site is asked,
+    the sites' `prepare` task, the server's state saved after every round and resumed, the per-round deadline,
+    the method's round (prrfl.server.federation) and the run's tracking."""
+
+    client_noun = "sites"
+
     def __init__(
         self,
         config: dict[str, Any],
@@ -153,50 +160,54 @@ class PersonalizedWorkflow(PerClientController):
         common = {P.CONFIG: cfg.to_dict(), P.RUN_ID: state.run_id, P.NUM_SITES: len(sites), P.GLOBAL_COUNTS: state.global_counts}
         if state.next_round >= cfg.num_rounds:
             self.info(f"run {state.run_id} has completed all {cfg.num_rounds} rounds; nothing to train (raise num_rounds to extend it)")
+        self.federation, self.state, self.sites, self.common, self.state_path = federation, state, sites, common, state_dir
+        if self.run_rounds(state.next_round, cfg.num_rounds, P.TASK_TRAIN):
+            self._finish(federation, self.state, state_dir)
 
-        for round_idx in range(state.next_round, cfg.num_rounds):
-            if self.abort_signal.triggered:
-                return
-            self.round_started(round_idx, cfg.num_rounds)
-            observed, estimates = state.observed_seconds(), list(state.round_estimates.values())
-            self.info(
-                f"round {round_idx + 1}/{cfg.num_rounds}: sending each of {len(sites)} sites its own model; "
-                f"deadline {self.deadline.explain(observed, estimates)}"
-            )
-            answers = self.send_each(
-                P.TASK_TRAIN,
-                {s: P.download_to_model(state.downloads[s], common, round_idx, cfg.num_rounds) for s in sites},
-                self.deadline.seconds(observed, estimates),
-                round_idx,
-            )
-            if self.abort_signal.triggered:
-                return
-            self.before_aggregation()
-            outcome = federation.round(state, round_idx, round_answers(answers))
-            self._log(outcome.events)
-            if outcome.stop:
-                self.panic(
-                    f"{outcome.stop}. The state after the last completed round is in {state_dir}: bring the sites back "
-                    "and re-submit the job with resume"
-                )
-                return
-            state = outcome.state
-            self.after_aggregation({s: FLModel(params=d.params, meta=d.meta) for s, d in outcome.downloads.items()})
-            try:
-                self._save_state(state, state_dir)
-            except OSError as e:  # e.g. prrfl.storage.DiskFullError: one line, the last saved round kept
-                self.panic(
-                    f"round {round_idx}: cannot save the server's state: {e}; the state after round {round_idx - 1} is kept in {state_dir}"
-                )
-                return
-            if self.memory_gc_rounds and (round_idx + 1) % self.memory_gc_rounds == 0:
-                cleanup_memory()
-            summaries = outcome.summary.summaries
-            self._log_round(round_idx, summaries, task.primary_metric, method.eval_role)
-            self._track_round(round_idx, summaries, method.server_scalars(outcome.downloads), task.primary_metric)
-            self.round_done()
+    # ----- the hooks of PerClientController.run_rounds ---------------------------------------------------
+    def round_clients(self, round_idx: int) -> list[str]:
+        return self.sites
 
-        self._finish(federation, state, state_dir)
+    def round_models(self, clients: list[str], round_idx: int) -> dict[str, FLModel]:
+        return {s: P.download_to_model(self.state.downloads[s], self.common, round_idx, self.cfg.num_rounds) for s in clients}
+
+    def round_deadline(self, round_idx: int) -> float | None:
+        return self.deadline.seconds(self.state.observed_seconds(), list(self.state.round_estimates.values()))
+
+    def deadline_note(self, deadline: float | None) -> str:
+        return f"; deadline {self.deadline.explain(self.state.observed_seconds(), list(self.state.round_estimates.values()))}"
+
+    def aggregate_round(self, round_idx: int, clients: list[str], answers: Answers) -> dict[str, FLModel] | None:
+        """The federation's round (prrfl.server.federation: upload checks, the method's aggregation, the next
+        state); None when fewer than min_sites sent a usable upload."""
+        outcome = self.federation.round(self.state, round_idx, round_answers(answers))
+        self._log(outcome.events)
+        if outcome.stop:
+            self.panic(
+                f"{outcome.stop}. The state after the last completed round is in {self.state_path}: bring the sites back "
+                "and re-submit the job with resume"
+            )
+            return None
+        self.outcome = outcome
+        return {s: FLModel(params=d.params, meta=d.meta) for s, d in outcome.downloads.items()}
+
+    def end_round(self, round_idx: int, outputs: dict[str, FLModel]) -> bool:
+        """The new state saved atomically, memory returned, the round logged and tracked."""
+        outcome, task, method = self.outcome, self.federation.task, self.federation.method
+        try:
+            self._save_state(outcome.state, self.state_path)
+        except OSError as e:  # e.g. prrfl.storage.DiskFullError: one line, the last saved round kept
+            self.panic(
+                f"round {round_idx}: cannot save the server's state: {e}; the state after round {round_idx - 1} is kept in {self.state_path}"
+            )
+            return False
+        self.state = outcome.state
+        if self.memory_gc_rounds and (round_idx + 1) % self.memory_gc_rounds == 0:
+            cleanup_memory()
+        summaries = outcome.summary.summaries
+        self._log_round(round_idx, summaries, task.primary_metric, method.eval_role)
+        self._track_round(round_idx, summaries, method.server_scalars(outcome.downloads), task.primary_metric)
+        return True
 
     def _log(self, events: list[Event]) -> None:
         for level, text in events:

@@ -52,12 +52,17 @@ class Answers:
 
 
 class PerClientController(ModelController):
-    """Base of the per-client workflows: `send_each` and the bookkeeping of lost clients.
+    """The one round loop of every per-client workflow (`run_rounds`): `send_each`, FLARE's round events, the
+    bookkeeping of lost and failed clients. A workflow fills in what its rounds send and how it aggregates
+    (`round_clients`, `round_models`, `round_deadline`, `aggregate_round`, `end_round`): `PersonalizedFedAvg`
+    with a per-client aggregator, prrfl's own workflow with its method, its saved state and its tracking.
 
     `lost` maps a client that missed a round in this job to that round; it is sent its task again but
     not waited for beyond the others until it answers. `release_lost()` (call it when the job ends) ends
     the simulator processes of lost clients, so that a frozen client cannot keep the simulator running.
     """
+
+    client_noun = "clients"  # what the round's log line calls them
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("ignore_result_error", True)  # a failed client must not end the job
@@ -65,6 +70,63 @@ class PerClientController(ModelController):
         self.lost: dict[str, int] = {}
         self.failed: dict[str, str] = {}  # client -> the error code its task of the current send_each ended with
         self.sends: dict[str, int] = {}  # client -> times its task of the current send_each was fetched
+
+    # ----- the round loop ------------------------------------------------------------------------------
+    def run_rounds(self, first: int, num_rounds: int, task_name: str) -> bool:
+        """Rounds `first` .. num_rounds - 1: each sends every client of `round_clients` its model of
+        `round_models`, waits (`send_each`, `round_deadline`), aggregates the answers (`aggregate_round`) and
+        ends the round (`end_round`), firing FLARE's round events around them. A client that cannot read its
+        task stops the job (one error naming the fix). False when the job stopped (aborted, or a hook said so)."""
+        for round_idx in range(first, num_rounds):
+            if self.abort_signal.triggered:
+                return False
+            clients = self.round_clients(round_idx)
+            self.round_started(round_idx, num_rounds)
+            deadline = self.round_deadline(round_idx)
+            self.info(
+                f"round {round_idx + 1}/{num_rounds}: sending each of {len(clients)} {self.client_noun} its own model{self.deadline_note(deadline)}"
+            )
+            answers = self.send_each(task_name, self.round_models(clients, round_idx), deadline, round_idx)
+            if self.abort_signal.triggered:
+                return False
+            if answers.unreadable:
+                client = answers.unreadable[0]
+                self.panic(f"round {round_idx}: {client} {answers.missing[client]}; the job stops")
+                return False
+            self.before_aggregation()
+            outputs = self.aggregate_round(round_idx, clients, answers)
+            if outputs is None:
+                return False
+            self.after_aggregation(outputs)
+            if not self.end_round(round_idx, outputs):
+                return False
+            self.round_done()
+        return True
+
+    def round_clients(self, round_idx: int) -> list[str]:
+        """The clients asked in round `round_idx`."""
+        raise NotImplementedError
+
+    def round_models(self, clients: list[str], round_idx: int) -> dict[str, FLModel]:
+        """client -> the model (task) it is sent in round `round_idx`."""
+        raise NotImplementedError
+
+    def round_deadline(self, round_idx: int) -> float | None:
+        """Seconds the round waits for answers (None: until every client answered or is gone)."""
+        return None
+
+    def deadline_note(self, deadline: float | None) -> str:
+        """What the round's log line says of its deadline (nothing by default)."""
+        return ""
+
+    def aggregate_round(self, round_idx: int, clients: list[str], answers: Answers) -> dict[str, FLModel] | None:
+        """The round's outputs, client -> FLModel (FLARE's AGGREGATION_RESULT), from its answers; None when the
+        job cannot go on (after saying why)."""
+        raise NotImplementedError
+
+    def end_round(self, round_idx: int, outputs: dict[str, FLModel]) -> bool:
+        """What follows the aggregation (keep the outputs, save, log); False when the job cannot go on."""
+        return True
 
     # ----- FLARE's round events, as its FedAvg fires them -----------------------------------------------
     def round_started(self, round_idx: int, num_rounds: int) -> None:

@@ -28,7 +28,7 @@ from nvflare.fuel.utils import fobs
 from torch import nn
 
 from prrfl.flare.components.aggregators import PerClientAggregator
-from prrfl.flare.components.controller import PerClientController
+from prrfl.flare.components.controller import Answers, PerClientController
 from prrfl.flare.components.prototypes import PrototypeExchange
 from prrfl.keys import CLASS_COUNTS, PROTOTYPES
 from prrfl.server.aggregation import add_difference, as_tensors
@@ -110,56 +110,61 @@ class PersonalizedFedAvg(PerClientController):
             self.panic(f"the job cannot start: {e}")
             return
         self.aggregator.set_reference(initial)
-        for round_idx in range(self.num_rounds):
-            if self.abort_signal.triggered:
-                return
-            clients = sorted(self.sample_clients())
-            for client in clients:
-                self.models.setdefault(client, {k: v.clone() for k, v in initial.items()})
-            self.round_started(round_idx, self.num_rounds)
-            self.info(f"round {round_idx + 1}/{self.num_rounds}: sending each of {len(clients)} clients its own model")
-            answers = self.send_each(self.task_name, {c: self._task_model(c, round_idx) for c in clients}, self.timeout, round_idx)
-            if self.abort_signal.triggered:
-                return
-            if answers.unreadable:
-                client = answers.unreadable[0]
-                self.panic(f"round {round_idx}: {client} {answers.missing[client]}; the job stops")
-                return
-            for client, why in sorted(answers.missing.items()):
-                self.warning(f"round {round_idx}: no result from {client}: {why}; it keeps its previous model")
-            accepted = self._accept(answers.results, round_idx)
-            if len(accepted) < self.min_clients:
-                self.panic(
-                    f"round {round_idx}: only {len(accepted)} of {len(clients)} clients sent a usable result ({sorted(accepted)}), "
-                    f"fewer than min_clients={self.min_clients}; the job stops"
-                )
-                return
-            self.before_aggregation()
-            try:
-                outputs = self.aggregator.aggregate_models(round_idx, self.num_rounds)
-            except ValueError as e:  # e.g. clients' models of different shapes
-                self.panic(f"round {round_idx}: the aggregation failed: {e}; the job stops")
-                return
-            finally:
-                self.aggregator.reset_stats()
-            self.after_aggregation(outputs)
-            for client, output in outputs.items():
-                self.models[client].update(output.params)
-            if self.prototypes is not None:
-                self.next_meta.update(self.prototypes.exchange(self._statistics(answers.results, accepted, round_idx), clients))
-            meta = next(iter(outputs.values())).meta
-            self.info(f"round {round_idx} done: aggregated {sorted(accepted)}" + (f"; {meta}" if meta else ""))
-            self.round_done()
-        self._save_models()
+        self._initial = initial
+        if self.run_rounds(0, self.num_rounds, self.task_name):
+            self._save_models()
 
-    def _task_model(self, client: str, round_idx: int) -> FLModel:
-        return FLModel(
-            params_type=ParamsType.FULL,
-            params=self.models[client],
-            current_round=round_idx,
-            total_rounds=self.num_rounds,
-            meta=dict(self.next_meta.get(client, {})),
-        )
+    # ----- the hooks of PerClientController.run_rounds ---------------------------------------------------
+    def round_clients(self, round_idx: int) -> list[str]:
+        clients = sorted(self.sample_clients())
+        for client in clients:
+            self.models.setdefault(client, {k: v.clone() for k, v in self._initial.items()})
+        return clients
+
+    def round_models(self, clients: list[str], round_idx: int) -> dict[str, FLModel]:
+        return {
+            c: FLModel(
+                params_type=ParamsType.FULL,
+                params=self.models[c],
+                current_round=round_idx,
+                total_rounds=self.num_rounds,
+                meta=dict(self.next_meta.get(c, {})),
+            )
+            for c in clients
+        }
+
+    def round_deadline(self, round_idx: int) -> float | None:
+        return self.timeout
+
+    def aggregate_round(self, round_idx: int, clients: list[str], answers: Answers) -> dict[str, FLModel] | None:
+        """The aggregator's outputs from the usable results; a client without one keeps its model. Fewer usable
+        results than min_clients, or a failed aggregation, stop the job."""
+        for client, why in sorted(answers.missing.items()):
+            self.warning(f"round {round_idx}: no result from {client}: {why}; it keeps its previous model")
+        accepted = self._accept(answers.results, round_idx)
+        if len(accepted) < self.min_clients:
+            self.panic(
+                f"round {round_idx}: only {len(accepted)} of {len(clients)} clients sent a usable result ({sorted(accepted)}), "
+                f"fewer than min_clients={self.min_clients}; the job stops"
+            )
+            return None
+        try:
+            outputs = self.aggregator.aggregate_models(round_idx, self.num_rounds)
+        except ValueError as e:  # e.g. clients' models of different shapes
+            self.panic(f"round {round_idx}: the aggregation failed: {e}; the job stops")
+            return None
+        finally:
+            self.aggregator.reset_stats()
+        if self.prototypes is not None:
+            self.next_meta.update(self.prototypes.exchange(self._statistics(answers.results, accepted, round_idx), clients))
+        return outputs
+
+    def end_round(self, round_idx: int, outputs: dict[str, FLModel]) -> bool:
+        for client, output in outputs.items():
+            self.models[client].update(output.params)
+        meta = next(iter(outputs.values())).meta
+        self.info(f"round {round_idx} done: aggregated {sorted(outputs)}" + (f"; {meta}" if meta else ""))
+        return True
 
     def _accept(self, results: Mapping[str, FLModel], round_idx: int) -> list[str]:
         """The aggregator takes each usable result (as full weights); returns the clients it took."""
