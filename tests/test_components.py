@@ -389,8 +389,9 @@ def test_to_send_is_the_deputys_shared_weights_and_save_load_keeps_the_pair(tmp_
 class ScriptedRounds(PersonalizedFedAvg):
     """PersonalizedFedAvg whose clients' answers are given per round (no FLARE engine)."""
 
-    def __init__(self, answers, **kwargs):
+    def __init__(self, answers, models_dir=None, **kwargs):
         super().__init__(**kwargs)
+        self.models_dir = models_dir
         self.answers, self.sent, self.messages, self.panicked, self.saved = answers, [], [], None, False
         self.events = []
         self.abort_signal = Signal()
@@ -412,6 +413,9 @@ class ScriptedRounds(PersonalizedFedAvg):
 
     def _save_models(self):
         self.saved = True
+
+    def _models_dir(self):
+        return self.models_dir
 
     def round_started(self, round_idx, num_rounds):
         self.events.append(f"ROUND_STARTED {round_idx}/{num_rounds}")
@@ -486,3 +490,26 @@ def test_a_non_finite_result_is_refused_by_name_and_poisons_no_one():
     assert torch.equal(second["b"].params["w"], initial["w"])  # b keeps what it had
     assert all(torch.isfinite(m["w"]).all() for m in controller.models.values())  # and no one is poisoned
     assert second["a"].params["w"].tolist() != [1.0, 1.0]  # a and c were aggregated
+
+
+def test_each_clients_best_model_is_the_one_its_metric_scored_best(tmp_path):
+    """key_metric: a result scores the model its client was sent that round; the best such model is saved."""
+    initial = {"w": torch.tensor([1.0, 1.0])}
+
+    def scored(client, w, accuracy):
+        return FLModel(
+            params_type=ParamsType.DIFF, params={"w": torch.tensor(w)}, metrics={"accuracy": accuracy}, meta={"client_name": client}
+        )
+
+    rounds = [
+        Answers(results={"a": scored("a", [1.0, 0.0], 0.5), "b": scored("b", [0.0, 1.0], 0.7)}),
+        Answers(results={"a": scored("a", [1.0, 0.0], 0.8), "b": scored("b", [0.0, 1.0], 0.6)}),  # a improves, b does not
+        Answers(results={"a": scored("a", [1.0, 0.0], 0.4), "b": diff("b", [0.0, 1.0])}),  # b reports no metric this round
+    ]
+    controller = ScriptedRounds(rounds, models_dir=tmp_path, num_rounds=3, aggregator=FedAvgAggregator("uniform"), model=initial)
+    controller.run()
+    assert controller.best == {"a": (0.8, 1), "b": (0.7, 0)}
+    sent = controller.sent  # the best model is the one sent in the best round
+    assert torch.equal(torch.load(tmp_path / "a.best.pt")["w"], sent[1]["a"].params["w"])
+    assert torch.equal(torch.load(tmp_path / "b.best.pt")["w"], sent[0]["b"].params["w"])
+    assert any("round 1: the model a was sent is its best so far (accuracy 0.8)" in m for m in controller.messages)

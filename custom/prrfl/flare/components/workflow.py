@@ -61,7 +61,10 @@ class PersonalizedFedAvg(PerClientController):
     built and run in Python only). min_clients: usable results needed in every round. prototypes: a
     PrototypeExchange whose global statistics go into the meta of every client's next model. task_name:
     the clients' train task. timeout: seconds a round waits for results (None: until all answered or
-    are gone).
+    are gone). key_metric: the metric (in a result's `metrics`) by which each client's best model is chosen,
+    as FLARE's IntimeModelSelector chooses the global one: a Client API script reports the score of the model
+    it received, and the server keeps, per client, the model it sent in the round that scored best
+    (`<run dir>/models/<client>.best.pt`; higher is better, or lower with negate_key_metric); None: no selection.
     """
 
     def __init__(
@@ -73,6 +76,8 @@ class PersonalizedFedAvg(PerClientController):
         prototypes: PrototypeExchange | None = None,
         task_name: str = "train",
         timeout: float | None = None,
+        key_metric: str | None = "accuracy",
+        negate_key_metric: bool = False,
     ):
         super().__init__(persistor_id="")  # no persistor: the controller keeps and saves one model per client
         if not isinstance(num_rounds, int) or num_rounds < 1:
@@ -88,6 +93,8 @@ class PersonalizedFedAvg(PerClientController):
         # attributes named like the arguments: FLARE's job export reads them back
         self.num_rounds, self.aggregator, self.model = num_rounds, aggregator, model
         self.min_clients, self.prototypes, self.task_name, self.timeout = min_clients, prototypes, task_name, timeout
+        self.key_metric, self.negate_key_metric = key_metric, negate_key_metric
+        self.best: dict[str, tuple[float, int]] = {}  # client -> (its best key metric, the round of that model)
         self.models: dict[str, dict[str, torch.Tensor]] = {}  # client -> its current full model
         self.next_meta: dict[str, dict[str, Any]] = {}  # client -> meta for its next model (global statistics)
 
@@ -172,6 +179,7 @@ class PersonalizedFedAvg(PerClientController):
         accepted = []
         for client in sorted(results):
             result = results[client]
+            self._select(client, result, round_idx)
             try:
                 full = full_weights(result, self.models[client])
                 self.aggregator.accept_model(FLModel(params_type=ParamsType.FULL, params=full, meta=dict(result.meta or {})))
@@ -200,8 +208,33 @@ class PersonalizedFedAvg(PerClientController):
             metas[client] = meta
         return metas
 
+    def _select(self, client: str, result: FLModel, round_idx: int) -> None:
+        """When the result scores the model the client was sent this round better than any before (key_metric),
+        that model becomes the client's best (saved atomically at once, so a job that stops keeps it)."""
+        if self.key_metric is None:
+            return
+        value = (result.metrics or {}).get(self.key_metric)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+            if round_idx == 0:
+                self.warning(f"{client} reports no number as metrics[{self.key_metric!r}]: no best model is chosen for it")
+            return
+        score = -value if self.negate_key_metric else value
+        if client in self.best and score <= self.best[client][0]:
+            return
+        self.best[client] = (score, round_idx)
+        save_torch(self.models[client], self._models_dir() / f"{client}.best.pt")
+        self.info(f"round {round_idx}: the model {client} was sent is its best so far ({self.key_metric} {value:g})")
+
+    def _models_dir(self) -> Path:
+        return Path(self.engine.get_workspace().get_run_dir(self.fl_ctx.get_job_id())) / MODELS_DIR
+
     def _save_models(self) -> None:
-        folder = Path(self.engine.get_workspace().get_run_dir(self.fl_ctx.get_job_id())) / MODELS_DIR
+        folder = self._models_dir()
         for client, state in sorted(self.models.items()):
             save_torch(state, folder / f"{client}.pt")
         self.info(f"saved the final model of each of {len(self.models)} clients to {folder}/<client>.pt")
+        if self.best:
+            best = ", ".join(
+                f"{c} round {r} ({self.key_metric} {-s if self.negate_key_metric else s:g})" for c, (s, r) in sorted(self.best.items())
+            )
+            self.info(f"each client's best model ({folder}/<client>.best.pt): {best}")
