@@ -513,3 +513,29 @@ def test_each_clients_best_model_is_the_one_its_metric_scored_best(tmp_path):
     assert torch.equal(torch.load(tmp_path / "a.best.pt")["w"], sent[1]["a"].params["w"])
     assert torch.equal(torch.load(tmp_path / "b.best.pt")["w"], sent[0]["b"].params["w"])
     assert any("round 1: the model a was sent is its best so far (accuracy 0.8)" in m for m in controller.messages)
+
+
+def test_a_resumed_controller_goes_on_where_the_saved_state_ends(tmp_path):
+    """state_dir + resume: a job stopped after round 0 and re-submitted sends round 1 exactly what an
+    uninterrupted job sends, and does not redo round 0."""
+    initial = {"w": torch.tensor([1.0, 1.0])}
+    answers = [Answers(results={"a": diff("a", [2.0, 0.0], class_counts=[1, 2]), "b": diff("b", [0.0, 4.0], class_counts=[3, 0])})] * 2
+
+    def controller(rounds, **kwargs):
+        return ScriptedRounds(
+            rounds, num_rounds=2, aggregator=FedAvgAggregator("uniform"), model=initial, prototypes=PrototypeExchange(), **kwargs
+        )
+
+    whole = controller(answers)
+    whole.run()
+    first = controller(answers[:1], state_dir=str(tmp_path))
+    first.num_rounds = 1  # the job that stopped after round 0
+    first.run()
+    resumed = controller([None, answers[1]], state_dir=str(tmp_path), resume=True)
+    resumed.run()
+    assert len(resumed.sent) == 1  # round 1 only
+    assert resumed.sent[0]["a"].params["w"].tolist() == whole.sent[1]["a"].params["w"].tolist() == [2.0, 3.0]
+    assert resumed.sent[0]["a"].meta == whole.sent[1]["a"].meta  # the global statistics carried over
+    assert resumed.models["b"]["w"].tolist() == whole.models["b"]["w"].tolist()
+    with pytest.raises(ValueError, match="state_dir"):
+        controller(answers, resume=True)

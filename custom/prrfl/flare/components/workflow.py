@@ -33,9 +33,10 @@ from prrfl.flare.components.prototypes import PrototypeExchange
 from prrfl.keys import CLASS_COUNTS, PROTOTYPES
 from prrfl.server.aggregation import add_difference, as_tensors
 from prrfl.server.checks import prototype_problem
-from prrfl.storage import save_torch
+from prrfl.storage import load_torch, save_torch
 
 MODELS_DIR = "models"  # under the job's run dir on the server: <client>.pt per client
+STATE_FILE = "personalized_fedavg_state.pt"  # in state_dir: what a resumed job continues from
 
 
 def full_weights(result: FLModel, sent: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -65,6 +66,11 @@ class PersonalizedFedAvg(PerClientController):
     as FLARE's IntimeModelSelector chooses the global one: a Client API script reports the score of the model
     it received, and the server keeps, per client, the model it sent in the round that scored best
     (`<run dir>/models/<client>.best.pt`; higher is better, or lower with negate_key_metric); None: no selection.
+    state_dir: a folder (on the server, outside the job's workspace) where the controller saves its state after
+    every round, atomically: each client's model, the meta of its next model, its best score, the prototype
+    exchange's generator and the next round; "" (default): nothing is saved. resume: continue from the state
+    saved there (a re-submitted job goes on at the round after the last completed one; False: a saved state
+    is ignored and overwritten).
     """
 
     def __init__(
@@ -78,6 +84,8 @@ class PersonalizedFedAvg(PerClientController):
         timeout: float | None = None,
         key_metric: str | None = "accuracy",
         negate_key_metric: bool = False,
+        state_dir: str = "",
+        resume: bool = False,
     ):
         super().__init__(persistor_id="")  # no persistor: the controller keeps and saves one model per client
         if not isinstance(num_rounds, int) or num_rounds < 1:
@@ -94,6 +102,9 @@ class PersonalizedFedAvg(PerClientController):
         self.num_rounds, self.aggregator, self.model = num_rounds, aggregator, model
         self.min_clients, self.prototypes, self.task_name, self.timeout = min_clients, prototypes, task_name, timeout
         self.key_metric, self.negate_key_metric = key_metric, negate_key_metric
+        if resume and not state_dir:
+            raise ValueError("resume=True needs the state_dir the earlier job saved its state in")
+        self.state_dir, self.resume = state_dir, resume
         self.best: dict[str, tuple[float, int]] = {}  # client -> (its best key metric, the round of that model)
         self.models: dict[str, dict[str, torch.Tensor]] = {}  # client -> its current full model
         self.next_meta: dict[str, dict[str, Any]] = {}  # client -> meta for its next model (global statistics)
@@ -118,8 +129,42 @@ class PersonalizedFedAvg(PerClientController):
             return
         self.aggregator.set_reference(initial)
         self._initial = initial
-        if self.run_rounds(0, self.num_rounds, self.task_name):
+        try:
+            first = self._load_state()
+        except (OSError, RuntimeError, KeyError) as e:
+            self.panic(f"the job cannot start: {e}")
+            return
+        if self.run_rounds(first, self.num_rounds, self.task_name):
             self._save_models()
+
+    # ----- state, for resume ---------------------------------------------------------------------------
+    def _state_file(self) -> Path:
+        return Path(self.state_dir) / STATE_FILE
+
+    def _load_state(self) -> int:
+        """The round to start from: 0, or with resume the round after the last completed one of the saved state."""
+        if not self.resume:
+            return 0
+        path = self._state_file()
+        if not path.exists():
+            self.warning(f"resume=True but {path} does not exist: starting at round 0")
+            return 0
+        saved = load_torch(path)
+        self.models, self.next_meta, self.best = saved["models"], saved["next_meta"], saved["best"]
+        if self.prototypes is not None and saved.get("prototypes") is not None:
+            self.prototypes.load_state_dict(saved["prototypes"])
+        self.info(f"resuming from {path}: rounds 0-{saved['next_round'] - 1} were completed")
+        return saved["next_round"]
+
+    def _save_state(self, next_round: int) -> None:
+        state = {
+            "next_round": next_round,
+            "models": self.models,
+            "next_meta": self.next_meta,
+            "best": self.best,
+            "prototypes": None if self.prototypes is None else self.prototypes.state_dict(),
+        }
+        save_torch(state, self._state_file())
 
     # ----- the hooks of PerClientController.run_rounds ---------------------------------------------------
     def round_clients(self, round_idx: int) -> list[str]:
@@ -171,6 +216,12 @@ class PersonalizedFedAvg(PerClientController):
             self.models[client].update(output.params)
         meta = next(iter(outputs.values())).meta
         self.info(f"round {round_idx} done: aggregated {sorted(outputs)}" + (f"; {meta}" if meta else ""))
+        if self.state_dir:
+            try:
+                self._save_state(round_idx + 1)
+            except OSError as e:
+                self.panic(f"round {round_idx}: cannot save the controller's state in {self.state_dir}: {e}; the job stops")
+                return False
         return True
 
     def _accept(self, results: Mapping[str, FLModel], round_idx: int) -> list[str]:
