@@ -431,7 +431,7 @@ def test_weights_of_another_model_under_a_card_are_refused_by_predict_and_evalua
 def test_a_card_without_weights_sha256_is_read_with_a_warning(derm_raw, derm_model, tmp_path, caplog):
     images_dir, _ = derm_raw
     card = json.loads(derm_model.with_suffix(".json").read_text())
-    del card["weights_sha256"]
+    del card["weights_sha256"], card["content_sha256"]  # a card of an older prrfl has neither
     model = beside(tmp_path / "old", derm_model, card)
     assert predict(model, sorted(images_dir.glob("*.jpg"))[0], tmp_path / "p.csv").inputs == 1
     assert (
@@ -475,11 +475,33 @@ def test_a_card_whose_preprocessing_disagrees_with_its_config_is_refused(derm_ra
     model.write_bytes(derm_model.read_bytes())
     card = json.loads(derm_model.with_suffix(".json").read_text())
     card["preprocessing"]["image_size"] = 48
+    del card["content_sha256"]  # a card of an older prrfl: its fields are checked against each other instead
     model.with_suffix(".json").write_text(json.dumps(card))
     out = tmp_path / "p.csv"
     assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
     assert f"{model.with_suffix('.json')}: its preprocessing says image_size 48 but its config builds image_size 32" in error_line(capsys)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("edit", ["class_names", "preprocessing", "config"])
+def test_a_model_card_edited_by_hand_is_refused_naming_the_field(derm_raw, derm_model, tmp_path, capsys, edit):
+    """The card binds its own content: reversed class names would relabel every prediction (nv read as mel)."""
+    images_dir, _ = derm_raw
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    if edit == "class_names":
+        card["class_names"] = card["class_names"][::-1]
+    elif edit == "preprocessing":
+        card["preprocessing"]["steps"] = ["something else"]
+    else:
+        card["config"]["seed"] = 99
+    model = beside(tmp_path / "edited", derm_model, card)
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
+    line = error_line(capsys)
+    assert f"{model.with_suffix('.json')}: {edit} changed since the card was written" in line and "edited by hand is refused" in line
+    assert not out.exists()
+    unedited = beside(tmp_path / "as_saved", derm_model, derm_model.with_suffix(".json"))
+    assert predict(unedited, sorted(images_dir.glob("*.jpg"))[0], tmp_path / "ok.csv").inputs == 1
 
 
 def test_the_output_must_be_of_the_tasks_kind_and_a_folder_of_other_files_is_kept(

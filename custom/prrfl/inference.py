@@ -19,7 +19,7 @@ import torch
 
 from prrfl.config import RunConfig
 from prrfl.registry import build_method, build_task
-from prrfl.site.state import MODEL_CARD_FORMAT, MODEL_CARD_SUFFIX
+from prrfl.site.state import BOUND_FIELDS, MODEL_CARD_FORMAT, MODEL_CARD_SUFFIX, card_digests
 from prrfl.storage import load_json, load_torch
 from prrfl.tasks.base import Task
 
@@ -68,6 +68,7 @@ def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu")
     except RuntimeError as e:  # truncated or not a checkpoint: an input the user can replace
         raise ValueError(str(e)) from e
     check_weights(path, card)
+    check_content(path, card)
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
@@ -90,6 +91,24 @@ def check_weights(path: Path, card: dict[str, Any]) -> None:
         raise ValueError(
             f"{path} (sha256 {actual[:12]}...) is not the model its card {card_file} was written for (weights_sha256 "
             f"{expected[:12]}...): put the .pt and .json saved together side by side"
+        )
+
+
+def check_content(path: Path, card: dict[str, Any]) -> None:
+    """The card's bound fields (`BOUND_FIELDS`: its class names, preprocessing, config, ...) must be those it was
+    written with (`content_sha256`): a card edited by hand, e.g. its class names reversed, would relabel every
+    prediction silently. A card written before the field existed is accepted with a warning."""
+    card_file = card_path(path)
+    written = card.get("content_sha256")
+    if written is None:
+        log.warning("%s has no content_sha256 (written by an older prrfl): cannot check that it is unedited", card_file)
+        return
+    now = card_digests(card)
+    changed = [f for f in BOUND_FIELDS if not isinstance(written, dict) or written.get(f) != now[f]]
+    if changed:
+        raise ValueError(
+            f"{card_file}: {', '.join(changed)} changed since the card was written (its content_sha256 no longer matches): "
+            "a model card edited by hand is refused; use the .pt and .json as they were saved together"
         )
 
 

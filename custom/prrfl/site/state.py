@@ -50,6 +50,27 @@ MODEL_CARD_SUFFIX = ".json"  # best_<role>.json beside best_<role>.pt
 # Fields are only ever added to format 1 (weights_sha256, prrfl_version, code_commit, data_fingerprint,
 # synthetic_data came later): a reader takes a card without them, and says what it cannot check.
 MODEL_CARD_FORMAT = "prrfl-model-card/1"
+# the card's fields that decide what the model predicts and for whom: each one's sha256 is in the card's
+# content_sha256, so a field edited by hand afterwards is found and named (integrity, not a signature)
+BOUND_FIELDS = (
+    "model_file",
+    "task",
+    "method",
+    "role",
+    "run_id",
+    "site",
+    "cohort",
+    "round",
+    "class_names",
+    "preprocessing",
+    "config",
+    "weights_sha256",
+)
+
+
+def card_digests(card: dict[str, Any]) -> dict[str, str]:
+    """The sha256 of each bound field's canonical JSON (sorted keys), as the card's content_sha256."""
+    return {f: hashlib.sha256(json.dumps(card.get(f), sort_keys=True).encode()).hexdigest() for f in BOUND_FIELDS}
 
 
 def save_weights(state_dict: dict[str, Any], path: Path) -> str:
@@ -208,7 +229,7 @@ class SiteRuntime:
         to feed it new inputs as in training (the task's preprocessing), with the metrics it was chosen by;
         the sha256 of its weights file (`save_weights`), the code and the data that made it."""
         data_fingerprint, synthetic = data_identity(self.task, self.data_root)
-        return {
+        card = {
             "format": MODEL_CARD_FORMAT,
             "model_file": f"best_{role}.pt",
             "task": self.cfg.task,
@@ -234,6 +255,7 @@ class SiteRuntime:
             "data_fingerprint": data_fingerprint,
             "synthetic_data": synthetic,
         }
+        return {**card, "content_sha256": card_digests(card)}
 
     def write_examples(self) -> None:
         """The task's example outputs of the best model on the test split (`Task.examples`), written
