@@ -51,5 +51,19 @@ def test_runs_are_named_by_their_origin_and_the_config_is_the_workflows():
     # FLARE's name would be "site-1-<job id>-derm_prr-FLARE FL Run"; the site's cohort is added when it is known
     assert receiver._get_run_name({}, "site-1", "1718000000", "derm_prr") == "site-1"
     cfg = tiny_derm_config()
-    assert workflow_config(context("/x", "j", SimpleNamespace(cfg=cfg))) == cfg.to_dict()
+    logged = workflow_config(context("/x", "j", SimpleNamespace(cfg=cfg)))
+    assert {k: v for k, v in logged.items() if k != "data"} == {k: v for k, v in cfg.to_dict().items() if k != "data"}
     assert workflow_config(context("/x", "j", None)) is None
+    assert receiver._get_job_id_tag(context("/x", "simulate_job")) == "simulate_job"  # not the time, as FLARE's receiver
+
+
+def test_the_data_settings_are_logged_with_the_tasks_defaults_filled_in():
+    """A job that sets no data option still logs the image size and scale it trains at (not `data: {}`)."""
+    from prrfl.config import RunConfig
+    from prrfl.tasks.derm import DEFAULT_DATA
+
+    cfg = RunConfig(task="derm", method="prr")
+    assert cfg.to_dict()["data"] == {}
+    params = mlflow_params(workflow_config(context("/x", "j", SimpleNamespace(cfg=cfg))))
+    assert params["data.image_size"] == str(DEFAULT_DATA["image_size"]) and "data.synthetic_scale" in params
+    assert "data" not in params

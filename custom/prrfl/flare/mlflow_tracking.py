@@ -7,7 +7,12 @@ FLARE client for a site until the workflow publishes its cohort, then `<client>_
 The `run_name` tag is renamed with the run, so it always equals the name the UI shows (`mlflow.runName`).
 
 Params: every run carries the run's config (`mlflow_params`), read from the job's workflow when the job
-starts, so a hand-edited job folder logs the config it actually runs.
+starts, so a hand-edited job folder logs the config it actually runs; its `data` settings are those the task
+uses, its defaults filled in (image size, scale, seeds), not only the ones the job sets.
+
+Tags: `job_id` is FLARE's id of the job (FLARE's own receiver puts the time there in the simulator, where
+every job is "simulate_job"); `prrfl_run_id` is the run's id (results.json, the server log), set once the
+workflow has started or resumed the run.
 
 Store: `tracking_uri` when given (a tracking server, or a local store such as file:///path/mlruns). Otherwise
 an SQLite file `mlflow.db` where a re-run does not delete it (FLARE's default, the job's result folder, is
@@ -31,7 +36,8 @@ from nvflare.app_opt.tracking.mlflow.mlflow_receiver import MLflowReceiver
 
 from prrfl.config import RunConfig
 from prrfl.flare import places
-from prrfl.flare.run_names import EVENTS, FEDERATION_RUN, cohorts_of, is_from_server, run_name
+from prrfl.flare.run_names import EVENTS, FEDERATION_RUN, RUN_ID_PROP, cohorts_of, is_from_server, run_name
+from prrfl.registry import build_task
 
 STORE_FILE = "mlflow.db"
 ARTIFACTS_DIR = "mlflow-artifacts"  # beside the default store
@@ -66,9 +72,12 @@ def mlflow_params(config: dict[str, Any]) -> dict[str, str]:
 
 
 def workflow_config(fl_ctx: FLContext) -> dict[str, Any] | None:
-    """The validated config (defaults included) of the job's workflow; None in a job without a prrfl workflow."""
+    """The validated config of the job's workflow, its data settings as the task resolves them (defaults
+    included); None in a job without a prrfl workflow."""
     cfg = getattr(fl_ctx.get_engine().get_component(WORKFLOW_ID), "cfg", None)
-    return cfg.to_dict() if isinstance(cfg, RunConfig) else None
+    if not isinstance(cfg, RunConfig):
+        return None
+    return {**cfg.to_dict(), "data": dict(build_task(cfg).data_cfg)}
 
 
 class MLflowRunReceiver(MLflowReceiver):
@@ -99,6 +108,9 @@ class MLflowRunReceiver(MLflowReceiver):
     def _get_run_name(self, kwargs: dict, site_name: str, job_id_tag: str, job_name: str) -> str:
         return site_name
 
+    def _get_job_id_tag(self, fl_ctx: FLContext) -> str:
+        return fl_ctx.get_job_id()
+
     def initialize(self, fl_ctx: FLContext) -> None:
         super().initialize(fl_ctx)
         art_full_path = self._get_artifact_location(self.artifact_location, fl_ctx)
@@ -124,6 +136,9 @@ class MLflowRunReceiver(MLflowReceiver):
         if record_origin not in self._named:
             cohort = cohorts_of(fl_ctx).get(record_origin)
             client, run_id = self.get_mlflow_client(record_origin), self.get_run_id(record_origin)
+            prrfl_run = fl_ctx.get_prop(RUN_ID_PROP)
+            if prrfl_run and client and run_id:
+                client.set_tag(run_id, "prrfl_run_id", prrfl_run)
             if cohort and client and run_id:
                 name = run_name(record_origin, {record_origin: cohort})
                 client.update_run(run_id, name=name)  # MLflow's own mlflow.runName tag follows

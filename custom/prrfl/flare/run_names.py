@@ -11,6 +11,7 @@ from nvflare.apis.fl_context import FLContext
 
 FEDERATION_RUN = "federation"
 COHORTS_PROP = "prrfl.cohorts"  # sticky FLContext property: FLARE client name -> cohort
+RUN_ID_PROP = "prrfl.run_id"  # sticky FLContext property: the run's id
 # the server's own scalars are local events; the sites' arrive as federated events
 EVENTS = [ANALYTIC_EVENT_TYPE, "fed." + ANALYTIC_EVENT_TYPE]
 

@@ -25,14 +25,16 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.apis.utils.analytix_utils import create_analytic_dxo, send_analytic_dxo
 from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 
-from prrfl.flare.run_names import COHORTS_PROP, EVENTS, FEDERATION_RUN, cohorts_of, is_from_server, run_name
+from prrfl.flare.run_names import COHORTS_PROP, EVENTS, FEDERATION_RUN, RUN_ID_PROP, cohorts_of, is_from_server, run_name
 
 TRACKING = ("tensorboard", "mlflow")
 
 
-def publish_cohorts(fl_ctx: FLContext, cohorts: dict[str, str]) -> None:
-    """Make the client -> cohort mapping visible to the receivers (every later FLContext of the job)."""
+def publish_cohorts(fl_ctx: FLContext, cohorts: dict[str, str], run_id: str | None = None) -> None:
+    """Make the client -> cohort mapping, and the run's id, visible to the receivers (every later FLContext of the job)."""
     fl_ctx.set_prop(COHORTS_PROP, dict(cohorts), private=False, sticky=True)
+    if run_id:
+        fl_ctx.set_prop(RUN_ID_PROP, run_id, private=False, sticky=True)
 
 
 def send_scalars(component: FLComponent, fl_ctx: FLContext, scalars: dict[str, float], step: int) -> None:

@@ -147,7 +147,7 @@ class PersonalizedWorkflow(PerClientController):
         lock.update(run_id=state.run_id)
         # the sites that prepared their data at the run's start and take part in this job
         sites = sorted(set(state.site_counts) & set(clients))
-        publish_cohorts(self.fl_ctx, state.cohorts)  # the tracking runs are named by cohort
+        publish_cohorts(self.fl_ctx, state.cohorts, state.run_id)  # the tracking runs are named by cohort, tagged with the run
         absent = sorted(set(state.site_counts) - set(clients))
         if absent:
             self.warning(f"sites of run {state.run_id} not in this job: {absent}; they keep their last download")
