@@ -174,6 +174,7 @@ def test_environments_of_each_kind_and_their_refusals(tmp_path):
         (("prod", 4, "ws", None, None, tmp_path), f"startup kit {tmp_path}: no startup/ folder in it"),
         (("k8s", 2), "unknown environment 'k8s'"),
         (("sim", 0), "sites must be at least 1"),
+        (("sim", 2, tmp_path / "a b"), "has a space in its path, which FLARE's simulator cannot take"),
     ]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
             environment(*args)

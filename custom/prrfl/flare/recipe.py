@@ -257,7 +257,13 @@ def environment(
     gpus = [int(g) for g in gpu.split(",")] if gpu else None
     if kind == "poc":
         return PocEnv(num_clients=sites, gpu_ids=gpus)
-    return SimEnv(num_clients=sites, num_threads=threads or sites, gpu_config=gpu, workspace_root=str(Path(workspace).resolve()))
+    root = Path(workspace).resolve()
+    if any(c.isspace() for c in str(root)):  # FLARE 2.9's simulator passes the path on a command line it splits on spaces
+        raise ConfigError(
+            f"the simulator workspace {str(root)!r} has a space in its path, which FLARE's simulator cannot take (it splits "
+            "its arguments on spaces); choose a --workspace whose full path has none"
+        )
+    return SimEnv(num_clients=sites, num_threads=threads or sites, gpu_config=gpu, workspace_root=str(root))
 
 
 def server_results_path(result: str | Path) -> Path:
