@@ -13,7 +13,7 @@
 import argparse
 
 from prrfl.cli import apply_overrides
-from prrfl.flare.recipe import PersonalizedRecipe, environment
+from prrfl.flare.recipe import PersonalizedRecipe, environment, result_tables
 from prrfl.registry import task_class
 
 
@@ -39,7 +39,11 @@ def main() -> None:
     recipe, args, sites = build_recipe()
     env = environment(args.env, sites, workspace=args.workspace, startup_kit=args.startup_kit)
     run = recipe.execute(env)
-    print(f"job {run.get_job_id()}: result in {run.get_result(clean_up=False)}")  # keep a POC workspace: it holds the result
+    result = run.get_result(clean_up=False)  # keep a POC workspace: it holds the result
+    # the last lines, as `prrfl run` ends: the per-site table and the cross-site matrix
+    print(
+        f"job {run.get_job_id()} ({recipe.name}) on {args.env}: {run.get_status() or 'done'}; results in {result}\n\n{result_tables(result)}"
+    )
 
 
 if __name__ == "__main__":

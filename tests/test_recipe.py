@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -99,6 +100,21 @@ def test_job_py_takes_config_fields_with_set_as_prrfl_run_does():
     ]:
         with pytest.raises(ConfigError, match=message):
             job_script.build_recipe(sets)
+
+
+def test_job_py_ends_with_the_tables_prrfl_run_ends_with(tmp_path, monkeypatch, capsys):
+    """After the run, job.py prints what `prrfl run` prints last: the per-site table and the cross-site matrix of
+    the result (prrfl.flare.recipe.result_tables), not only where the result is."""
+    spec = importlib.util.spec_from_file_location("job_script", ROOT / "job.py")
+    job_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job_script)
+    run = SimpleNamespace(get_job_id=lambda: "simulate_job", get_status=lambda: None, get_result=lambda clean_up: str(tmp_path))
+    monkeypatch.setattr(job_script.PersonalizedRecipe, "execute", lambda self, env: run)
+    monkeypatch.setattr(job_script, "result_tables", lambda result: f"TABLES OF {result}")
+    monkeypatch.setattr(sys, "argv", ["job.py", "--workspace", str(tmp_path)])
+    job_script.main()
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == f"TABLES OF {tmp_path}" and out[0].startswith(f"job simulate_job (derm_prr) on sim: done; results in {tmp_path}")
 
 
 def test_cross_site_evaluation_is_the_second_server_workflow_unless_turned_off(tmp_path):

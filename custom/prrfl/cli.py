@@ -181,9 +181,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """A job's recipe on a FLARE environment (SimEnv, PocEnv, ProdEnv), to the end; prints the table."""
-    from prrfl.flare.recipe import PersonalizedRecipe, environment, recipe_config, run_recipe, server_results_path
+    from prrfl.flare.recipe import PersonalizedRecipe, environment, recipe_config, result_tables, run_recipe
     from prrfl.registry import task_class
-    from prrfl.report import server_run
 
     name, cfg = recipe_config(args.job, args.task, args.method, None, apply_overrides({}, args.set))
     sites = args.sites or len(task_class(cfg.task).site_names)
@@ -198,9 +197,8 @@ def _run(args: argparse.Namespace) -> int:
         bundle=args.bundle,
     )
     env = environment(args.env, sites, args.workspace, args.threads, args.gpu, args.startup_kit, args.username)
-    status, result, results = run_recipe(recipe, env, args.timeout)
-    table = server_run(server_results_path(result), results).table()  # with the cross-site matrix, as `prrfl results`
-    print(f"{recipe.name} on {args.env}: {status}; results in {result}\n\n{table}", flush=True)
+    status, result, _ = run_recipe(recipe, env, args.timeout)
+    print(f"{recipe.name} on {args.env}: {status}; results in {result}\n\n{result_tables(result)}", flush=True)
     return 0
 
 

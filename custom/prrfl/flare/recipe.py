@@ -282,6 +282,14 @@ def server_results(result: str | Path) -> dict[str, Any]:
     return json.loads(server_results_path(result).read_text())
 
 
+def result_tables(result: str | Path) -> str:
+    """The per-site results table and the cross-site matrix of a finished job's result folder, as `prrfl results`
+    prints them (what `prrfl run` and job.py end with)."""
+    from prrfl.report import server_run
+
+    return server_run(server_results_path(result), server_results(result)).table()
+
+
 def end_poc_processes(poc_workspace: str | Path, timeout: float = 30.0) -> list[int]:
     """Wait until every process of a POC deployment has ended; end those still there after timeout seconds.
 
