@@ -51,8 +51,11 @@ def test_a_prepared_size_other_than_the_jobs_is_refused_naming_the_file(task_and
     other = ProstateTask({**TINY, "image_size": 40})
     with pytest.raises(ValueError, match=r"UCL/train\.npz holds 32 px slices but the job asks for image_size=40"):
         other.load_site("UCL", torch.device("cpu"), str(root))
-    with pytest.raises(FileNotFoundError, match="has no manifest.json"):
+    with pytest.raises(FileNotFoundError, match="has no manifest.json: prepare the raw data first"):
         task.load_site("UCL", torch.device("cpu"), str(tmp_path))
+    gone = tmp_path / "deleted_during_the_run"  # a folder that is no longer there is not advised to be prepared
+    with pytest.raises(FileNotFoundError, match=f"data root {gone} does not exist \\(any more\\): check that the folder is there"):
+        task.load_site("UCL", torch.device("cpu"), str(gone))
 
 
 def test_prr_trains_the_deeplab_model_with_adam_on_prepared_slices(task_and_site):

@@ -122,6 +122,8 @@ class Task:
     def given_root(self, data_root: str) -> Path:
         """A site's own prepared data folder, which must hold the manifest that preparation writes."""
         root = Path(data_root)
+        if not root.is_dir():  # e.g. deleted or unmounted during a run: preparing would not be the fix
+            raise FileNotFoundError(f"data root {root} does not exist (any more): check that the folder is there and mounted")
         if not (root / MANIFEST_NAME).exists():
             raise FileNotFoundError(
                 f"data root {root} has no {MANIFEST_NAME}: prepare the raw data first "
