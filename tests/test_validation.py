@@ -453,3 +453,34 @@ def test_loading_a_site_without_training_images_names_the_file(tmp_path):
     assert str(e.value) == f"{tmp_path / 'A' / 'train.npz'} holds no image: site A has nothing to train on"
     ood = task.load_site("OOD", torch.device("cpu"), str(tmp_path))  # test-only: empty train and valid are fine
     assert (len(ood.train), len(ood.valid), len(ood.test)) == (0, 0, 3)
+
+
+def test_ctrl_c_that_ends_the_simulator_is_an_interruption_with_the_line_to_resume(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during `prrfl run` on SimEnv: FLARE's SimEnv reports the killed simulator as a RuntimeError ("Simulation
+    failed with return code -9"); prrfl says it was interrupted and how to go on, with status 130."""
+    import os
+    import signal
+
+    from prrfl.flare.recipe import PersonalizedRecipe
+
+    def ctrl_c_then_failure(self, env, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # what the terminal sends; Python raises KeyboardInterrupt here ...
+        raise RuntimeError("Simulation failed with return code -9")  # ... which FLARE's SimEnv turns into this
+
+    def caught_by_flare(self, env, **kwargs):
+        try:
+            ctrl_c_then_failure(self, env)
+        except KeyboardInterrupt:
+            raise RuntimeError("Simulation failed with return code -9") from None
+
+    monkeypatch.setattr(PersonalizedRecipe, "run", caught_by_flare)
+    assert cli.main(["run", "derm_prr", "--workspace", str(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert err == "prrfl: interrupted; run the same command with --resume auto to continue from the last completed round\n", err
+
+    def plain_failure(self, env, **kwargs):
+        raise RuntimeError("Simulation failed with return code 1")
+
+    monkeypatch.setattr(PersonalizedRecipe, "run", plain_failure)
+    assert cli.main(["run", "derm_prr", "--workspace", str(tmp_path)]) == 1
+    assert "job derm_prr: Simulation failed with return code 1" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from prrfl.config import RunConfig, apply_overrides
-from prrfl.errors import EXIT_STATUS, CommandFailed, run_command, traceback_option
+from prrfl.errors import EXIT_STATUS, CommandFailed, Interrupted, run_command, traceback_option
 from prrfl.storage import load_json
 
 PROFILE_NAMES = ("bench", "paper", "quick")  # prrfl.flare.jobs.PROFILES (imported lazily: it imports torch)
@@ -197,7 +197,10 @@ def _run(args: argparse.Namespace) -> int:
         bundle=args.bundle,
     )
     env = environment(args.env, sites, args.workspace, args.threads, args.gpu, args.startup_kit, args.username)
-    status, result, _ = run_recipe(recipe, env, args.timeout)
+    try:
+        status, result, _ = run_recipe(recipe, env, args.timeout)
+    except KeyboardInterrupt as e:  # also a simulator that Ctrl-C ended ("return code -9")
+        raise Interrupted("run the same command with --resume auto to continue from the last completed round") from e
     print(f"{recipe.name} on {args.env}: {status}; results in {result}\n\n{result_tables(result)}", flush=True)
     return 0
 

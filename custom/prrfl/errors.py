@@ -26,6 +26,14 @@ An error is one line on stderr, "prrfl: error: <message>", naming the file or th
 --traceback (or the environment variable PRRFL_TRACEBACK=1) adds the Python traceback."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what to do next (`hint`), printed after "prrfl: interrupted"."""
+
+    def __init__(self, hint: str):
+        super().__init__(hint)
+        self.hint = hint
+
+
 class CommandFailed(RuntimeError):
     """The command ran and its outcome is a failure (exit status 1), as opposed to an input it refused (2)."""
 
@@ -68,10 +76,11 @@ def run_command(command: Callable[[], int], show_traceback: bool = False) -> int
     show_traceback = traceback_wanted(show_traceback)
     try:
         return command()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if show_traceback:
             traceback.print_exc()
-        print("prrfl: interrupted", file=sys.stderr)
+        hint = getattr(e, "hint", "")
+        print(f"prrfl: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
         return 130
     except Exception as e:
         if not is_expected(e):

@@ -20,13 +20,16 @@ bundle=True ships the whole package in the job's custom/ folder instead, for sit
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
 import shutil
+import signal
 import tempfile
+import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +316,29 @@ def end_poc_processes(poc_workspace: str | Path, timeout: float = 30.0) -> list[
     return [p.pid for p in left]
 
 
+@contextlib.contextmanager
+def interrupts() -> Iterator[list[int]]:
+    """A list that gets an entry when SIGINT (Ctrl-C) arrives while the block runs; the signal is then handled
+    as before (Python raises KeyboardInterrupt). Outside the main thread signals cannot be watched: the list
+    stays empty."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def record(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGINT, record)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -> tuple[str, Path, dict[str, Any]]:
     """Run the recipe on env and wait for the end: (FLARE job status, result folder, the server's
     results.json). A simulator run is over when execute returns; a POC or production job is followed
@@ -329,8 +355,11 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
                 f"job {recipe.name}: {places.busy_message(f'the simulator workspace {workspace}', e.holder)}", e.holder
             ) from e
     try:
-        run = recipe.run(env)
+        with interrupts() as interrupted:
+            run = recipe.run(env)
     except RuntimeError as e:  # SimEnv: the simulator exited non-zero; Poc/ProdEnv: the submission failed
+        if interrupted:  # Ctrl-C ended the simulator ("return code -9"): an interruption, not a failure
+            raise KeyboardInterrupt from e
         raise CommandFailed(f"job {recipe.name}: {e}") from e
     if isinstance(env, SimEnv):
         status, result = "FINISHED:COMPLETED", env.get_job_result(run.get_job_id())
