@@ -196,10 +196,10 @@ class PerClientController(ModelController):
         for client in sorted(set(models) - set(answers.results)):
             if client in answers.unreadable:
                 answers.missing[client] = UNREADABLE.format(count=self.sends[client])
+            elif client in ended:  # the root cause, when a killed process's task is also reported failed
+                answers.missing[client] = "its simulator process ended without an answer (killed or crashed)"
             elif client in self.failed:
                 answers.missing[client] = f"its task failed ({self.failed[client]}); that client's log says why"
-            elif client in ended:
-                answers.missing[client] = "its simulator process ended without an answer (killed or crashed)"
             elif self.get_client_disconnect_time(client):
                 answers.missing[client] = "FLARE reports it disconnected (its job process or its heartbeat is gone)"
             elif client in self.lost:
