@@ -305,6 +305,7 @@ def test_mlflow_tracking_through_flares_receiver(tmp_path, monkeypatch, store):
     from mlflow import MlflowClient
 
     from prrfl.flare.mlflow_tracking import mlflow_params
+    from prrfl.registry import build_task
 
     uri = None
     if store == "file":
