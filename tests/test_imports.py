@@ -126,10 +126,11 @@ def test_only_the_flare_glue_and_its_callers_import_flare():
 
 
 def test_the_server_cores_load_no_nvflare_module():
-    """The server's cores and the round logic are FLARE-free: importing them (and every method) loads no nvflare module."""
+    """The server's cores, the round logic and the site-side cores the FLARE components wrap (the DET pair, the prototype
+    tracker) are FLARE-free: importing them (and every method) loads no nvflare module."""
     code = (
         "import sys, prrfl.server.aggregation, prrfl.server.checks, prrfl.server.prototypes, prrfl.server.federation, "
-        "prrfl.keys, prrfl.registry, prrfl.methods.prr, prrfl.site.trainer; "
+        "prrfl.keys, prrfl.registry, prrfl.methods.prr, prrfl.site.trainer, prrfl.algorithms.det, prrfl.algorithms.prototypes; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'nvflare'))"
     )
     out = subprocess.run(

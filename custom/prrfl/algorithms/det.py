@@ -17,11 +17,14 @@ segmentation script uses the mean squared difference of the two softmax maps ins
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from enum import IntEnum
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
+
+from prrfl.algorithms.pfa import batchnorm_keys
 
 MetricSplit = Literal["valid", "train"]
 PhaseName = Literal["recover", "exchange", "sublimate"]  # the names of `Phase`, in lower case, for configs
@@ -116,3 +119,91 @@ def distillation(student_logits: torch.Tensor, teacher_logits: torch.Tensor, for
     if form == "mse":
         return mse_distillation(student_logits, teacher_logits)
     raise ValueError(f"distillation must be one of {DISTILLATIONS}, got {form!r}")
+
+
+class DeputyPair:
+    """A personalized model P and its deputy D, and DET's phase between them: the site side of PRR for any
+    training loop (prrfl.flare.components.PersonalizedPair puts it around FLARE's Client API).
+
+    l1 <= l2: the phase thresholds on deputy_score / personal_score (`next_phase`; higher scores are
+    better). local_keys: state-dict keys that never leave the site and are never overwritten by a
+    download (default: the deputy's BatchNorm parameters and buffers, FedBN style).
+    """
+
+    def __init__(
+        self, personal: torch.nn.Module, deputy: torch.nn.Module, l1: float = 0.7, l2: float = 0.9, local_keys: Iterable[str] | None = None
+    ):
+        if not 0 < l1 <= l2 <= 1:
+            raise ValueError(f"need 0 < l1 <= l2 <= 1, got l1={l1}, l2={l2}")
+        if personal is deputy:
+            raise ValueError("the personalized model and its deputy must be two different modules")
+        self.personal, self.deputy = personal, deputy
+        self.l1, self.l2 = l1, l2
+        self.local_keys = set(batchnorm_keys(deputy) if local_keys is None else local_keys)
+        self.downloads = 0  # models received so far; the first one initialises both P and D
+        self.current_phase: Phase | None = None
+        self.just_downloaded = False
+
+    def shared_keys(self) -> list[str]:
+        return [k for k in self.deputy.state_dict() if k not in self.local_keys]
+
+    def receive_state(self, params: dict[str, torch.Tensor]) -> bool:
+        """Take the server's weights. The first ones initialise both P and D (all keys must match); later
+        ones go to the deputy only, without its local keys (strict=False: weights of the shared keys only are
+        fine). DET restarts in Recover. Returns True for the first."""
+        first = self.downloads == 0
+        if first:
+            self.personal.load_state_dict(params)
+            self.deputy.load_state_dict(params)
+        else:
+            self.deputy.load_state_dict({k: v for k, v in params.items() if k not in self.local_keys}, strict=False)
+        self.downloads += 1
+        self.current_phase = None
+        self.just_downloaded = True
+        return first
+
+    def phase(self, personal_score: float, deputy_score: float, just_downloaded: bool | None = None) -> Phase:
+        """The DET phase of the coming epoch from P's and D's scores (higher is better). just_downloaded:
+        whether D was replaced since the last epoch (default: no epoch ran since the last download)."""
+        if just_downloaded is None:
+            just_downloaded = self.just_downloaded
+        self.current_phase = next_phase(
+            self.current_phase, deputy_score, personal_score, l1=self.l1, l2=self.l2, just_downloaded=just_downloaded
+        )
+        self.just_downloaded = False
+        return self.current_phase
+
+    def distillation(
+        self, z_personal: torch.Tensor, z_deputy: torch.Tensor, form: Distillation = "kl"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(extra loss of P, extra loss of D) in the current phase: the distillation (`distillation`, KL by
+        default) with the teacher detached, for the model that learns from the other; 0 for the other."""
+        if self.current_phase is None:
+            raise RuntimeError("no DET phase yet: call phase() before the epoch's batches")
+        p_learns, d_learns = distillation_targets(self.current_phase)
+        zero = z_personal.new_zeros(())
+        return (
+            distillation(z_personal, z_deputy, form) if p_learns else zero,
+            distillation(z_deputy, z_personal, form) if d_learns else zero,
+        )
+
+    def shared_state(self) -> dict[str, torch.Tensor]:
+        """The deputy's shared weights, detached copies on the CPU: what the site sends."""
+        state = self.deputy.state_dict()
+        return {k: state[k].detach().cpu().clone() for k in self.shared_keys()}
+
+    def state_dict(self) -> dict:
+        return {
+            "personal": self.personal.state_dict(),
+            "deputy": self.deputy.state_dict(),
+            "phase": None if self.current_phase is None else int(self.current_phase),
+            "downloads": self.downloads,
+            "just_downloaded": self.just_downloaded,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.personal.load_state_dict(state["personal"])
+        self.deputy.load_state_dict(state["deputy"])
+        self.current_phase = None if state["phase"] is None else Phase(state["phase"])
+        self.downloads = int(state["downloads"])
+        self.just_downloaded = bool(state["just_downloaded"])

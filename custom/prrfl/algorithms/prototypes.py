@@ -12,6 +12,8 @@ from typing import Literal
 
 import torch
 
+from prrfl.keys import CLASS_COUNTS, PROTOTYPE_PRESENT, PROTOTYPES
+
 StdKind = Literal["biased", "unbiased"]
 STD_KINDS: tuple[str, ...] = ("biased", "unbiased")
 
@@ -92,3 +94,41 @@ def sample_global_prototypes(
     sigma = torch.where(divisor > 0, sq_dev / divisor.clamp(min=1), 0.0).sqrt().clamp(min=std_floor)
     eps = torch.randn(mu.shape, generator=generator, dtype=mu.dtype, device=mu.device)
     return torch.where(present[:, None], mu + sigma * eps, 0.0), present
+
+
+class PrototypeTracker:
+    """A site's per-class mean embeddings over a local epoch, fed batch by batch, as they travel.
+
+    Call `reset()` at the start of each local epoch so the prototypes sent are those of the last epoch (PRR's
+    choice), `update(embeddings [N, D], labels [N])` for every training batch, then `meta(class_counts)` for
+    the result's meta (prrfl.flare.components.PrototypeTracker.attach puts it into an FLModel).
+    """
+
+    def __init__(self, num_classes: int):
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+        self.num_classes = num_classes
+        self.accumulator: PrototypeAccumulator | None = None
+
+    def reset(self) -> None:
+        self.accumulator = None
+
+    def update(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
+        if self.accumulator is None:
+            self.accumulator = PrototypeAccumulator(self.num_classes, embeddings.shape[-1])
+        self.accumulator.update(embeddings.detach(), labels)
+
+    def prototypes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prototypes [C, D] float64 on the CPU, present [C] bool) of what was seen since the last reset."""
+        if self.accumulator is None:
+            raise RuntimeError("no embeddings were tracked: call update() for the training batches first")
+        protos, counts = self.accumulator.compute()
+        return protos.cpu(), (counts > 0).cpu()
+
+    def meta(self, class_counts) -> dict:
+        """PROTOTYPES, PROTOTYPE_PRESENT and CLASS_COUNTS (prrfl.keys) for a result's meta."""
+        counts = torch.as_tensor(class_counts, dtype=torch.long).flatten()
+        if counts.numel() != self.num_classes or (counts < 0).any():
+            raise ValueError(f"class_counts must be {self.num_classes} non-negative integers, got {counts.tolist()}")
+        protos, present = self.prototypes()
+        return {PROTOTYPES: protos.tolist(), PROTOTYPE_PRESENT: present.tolist(), CLASS_COUNTS: counts.tolist()}

@@ -1,6 +1,7 @@
 """Class prototypes as they travel, shared by PRR (CPA loss) and FedProto.
 
-A site averages one model's embeddings per class over the batches of each local epoch (the authors'
+A site averages one model's embeddings per class (`prrfl.algorithms.prototypes.PrototypeTracker`, the tracker the
+FLARE components' Client API scripts use too) over the batches of each local epoch (the authors'
 choice in both papers: the features of the batches being trained on, in train mode), pooled per
 class as the task says (`Task.class_embeddings`: an image's embedding for classification, the
 feature map's masked average per class for segmentation); the last epoch's prototypes go up in
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from prrfl.algorithms.prototypes import PrototypeAccumulator
+from prrfl.algorithms.prototypes import PrototypeTracker
 from prrfl.keys import GLOBAL_PROTOTYPE_PRESENT, GLOBAL_PROTOTYPES, PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.methods.view import SiteView
 
@@ -22,17 +23,17 @@ from prrfl.methods.view import SiteView
 def track(site: SiteView, embedding: torch.Tensor, targets: torch.Tensor) -> None:
     """Add a batch's embedding and targets (call from after_batch)."""
     vectors, classes = site.task.class_embeddings(embedding.detach(), targets)
-    acc = site.memory.get("accumulator")
-    if acc is None:
-        acc = site.memory["accumulator"] = PrototypeAccumulator(site.task.num_classes, vectors.shape[1])
-    acc.update(vectors, classes)
+    tracker = site.memory.get("tracker")
+    if tracker is None:
+        tracker = site.memory["tracker"] = PrototypeTracker(site.task.num_classes)
+    tracker.update(vectors, classes)
 
 
 def finish_epoch(site: SiteView) -> None:
     """The epoch's prototypes [C, D] and which classes had samples (call from after_epoch)."""
-    protos, counts = site.memory.pop("accumulator").compute()
-    site.memory["prototypes"] = protos.double().cpu()
-    site.memory["prototype_present"] = (counts > 0).cpu()
+    protos, present = site.memory.pop("tracker").prototypes()
+    site.memory["prototypes"] = protos.double()
+    site.memory["prototype_present"] = present
 
 
 def upload_meta(site: SiteView) -> dict[str, Any]:

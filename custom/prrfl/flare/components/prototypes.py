@@ -22,7 +22,8 @@ import torch
 from nvflare.apis.fl_component import FLComponent
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from prrfl.algorithms.prototypes import PrototypeAccumulator, StdKind
+from prrfl.algorithms import prototypes as prototypes_core
+from prrfl.algorithms.prototypes import StdKind
 from prrfl.keys import CLASS_COUNTS, GLOBAL_CLASS_COUNTS, GLOBAL_PROTOTYPE_PRESENT, GLOBAL_PROTOTYPES, PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.server import prototypes
 
@@ -49,47 +50,13 @@ class PrototypeExchange(FLComponent, prototypes.PrototypeExchange):
         prototypes.PrototypeExchange.__init__(self, std, std_floor, seed, per_client)
 
 
-class PrototypeTracker:
-    """Client side: per-class mean embeddings, fed batch by batch, attached to the result's meta.
-
-    Call `reset()` at the start of each local epoch so the prototypes sent are those of the last epoch (PRR's
-    choice), `update(embeddings [N, D], labels [N])` for every training batch, then
-    `attach(fl_model, class_counts)` before `flare.send`.
-    """
-
-    def __init__(self, num_classes: int):
-        if num_classes < 1:
-            raise ValueError(f"num_classes must be at least 1, got {num_classes}")
-        self.num_classes = num_classes
-        self.accumulator: PrototypeAccumulator | None = None
-
-    def reset(self) -> None:
-        self.accumulator = None
-
-    def update(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
-        if self.accumulator is None:
-            self.accumulator = PrototypeAccumulator(self.num_classes, embeddings.shape[-1])
-        self.accumulator.update(embeddings.detach(), labels)
-
-    def prototypes(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(prototypes [C, D] float64 on the CPU, present [C] bool) of what was seen since the last reset."""
-        if self.accumulator is None:
-            raise RuntimeError("no embeddings were tracked: call update() for the training batches first")
-        protos, counts = self.accumulator.compute()
-        return protos.cpu(), (counts > 0).cpu()
+class PrototypeTracker(prototypes_core.PrototypeTracker):
+    """Client side: per-class mean embeddings (`prrfl.algorithms.prototypes.PrototypeTracker`: reset each local
+    epoch, update per training batch), attached to the result's meta before `flare.send`."""
 
     def attach(self, model: FLModel, class_counts: Sequence[int] | torch.Tensor) -> FLModel:
         """Put PROTOTYPES, PROTOTYPE_PRESENT and CLASS_COUNTS into `model.meta`; returns `model`."""
-        counts = torch.as_tensor(class_counts, dtype=torch.long).flatten()
-        if counts.numel() != self.num_classes or (counts < 0).any():
-            raise ValueError(f"class_counts must be {self.num_classes} non-negative integers, got {counts.tolist()}")
-        protos, present = self.prototypes()
-        model.meta = {
-            **(model.meta or {}),
-            PROTOTYPES: protos.tolist(),
-            PROTOTYPE_PRESENT: present.tolist(),
-            CLASS_COUNTS: counts.tolist(),
-        }
+        model.meta = {**(model.meta or {}), **self.meta(class_counts)}
         return model
 
 
