@@ -224,3 +224,27 @@ def pytest_xdist_make_scheduler(config, log):
             return work_unit(nodeid)
 
     return ModuleScheduling(config, log)
+
+
+def run_flare_script(root, files: dict[str, str], timeout: float = 400) -> str:
+    """A FLARE job script `job.py` (with the other `files`, name -> text, and the example's model.py) written to
+    `root` and run there with this checkout's prrfl importable, torch on one thread; job.py gets the simulator
+    workspace `root/ws` as its argument. Its log; the test fails when it exits non-zero."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import prrfl
+
+    root = Path(root)
+    shutil.copy(Path(__file__).resolve().parents[1] / "examples" / "fourier_pfa" / "model.py", root / "model.py")
+    for name, text in files.items():
+        (root / name).write_text(text)
+    custom = str(Path(prrfl.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([custom, str(root), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "job.py", str(root / "ws")], cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    return log

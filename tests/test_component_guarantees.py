@@ -5,21 +5,15 @@ FLARE's round events fire as its FedAvg fires them."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-import prrfl
+from conftest import run_flare_script
 
 pytestmark = pytest.mark.e2e
 
-EXAMPLE_MODEL = Path(__file__).resolve().parents[1] / "examples" / "fourier_pfa" / "model.py"
 SITES = ("site-1", "site-2", "site-3")
 
 JOB = """
@@ -78,17 +72,8 @@ class RoundEvents(FLComponent):
 
 
 def run_job(root: Path, job: str) -> str:
-    """The job in FLARE's simulator from `root` (this checkout's prrfl importable); its log."""
-    shutil.copy(EXAMPLE_MODEL, root / "model.py")
-    (root / "job.py").write_text(job)
-    (root / "client.py").write_text(CLIENT)
-    (root / "widgets.py").write_text(WIDGETS)
-    custom = str(Path(prrfl.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([custom, str(root), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "job.py", str(root / "ws")], cwd=root, env=env, capture_output=True, text=True, timeout=400)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    return log
+    """The job in FLARE's simulator from `root`; its log."""
+    return run_flare_script(root, {"job.py": job, "client.py": CLIENT, "widgets.py": WIDGETS})
 
 
 @pytest.fixture(scope="module")

@@ -6,19 +6,13 @@ personalized model at every client."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-import prrfl
+from conftest import run_flare_script
 
 pytestmark = pytest.mark.e2e
 
-EXAMPLE_MODEL = Path(__file__).resolve().parents[1] / "examples" / "fourier_pfa" / "model.py"
 
 JOB = """
 import sys
@@ -75,15 +69,7 @@ while flare.is_running():
 @pytest.fixture(scope="module")
 def recipe_run(tmp_path_factory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("recipe")
-    shutil.copy(EXAMPLE_MODEL, root / "model.py")
-    (root / "job.py").write_text(JOB)
-    (root / "client.py").write_text(CLIENT)
-    custom = str(Path(prrfl.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([custom, str(root), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "job.py", str(root / "ws")], cwd=root, env=env, capture_output=True, text=True, timeout=400)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    return root / "ws", log
+    return root / "ws", run_flare_script(root, {"job.py": JOB, "client.py": CLIENT})
 
 
 def test_cross_site_evaluation_scores_every_clients_personalized_model_at_every_client(recipe_run):

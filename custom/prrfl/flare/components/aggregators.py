@@ -23,7 +23,7 @@ turns DIFFs into full weights first). Every refusal is a ValueError naming the c
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from nvflare.apis.fl_component import FLComponent
@@ -75,9 +75,25 @@ class PerClientAggregator(FLComponent, aggregation.Aggregator):
         self._num_samples: dict[str, int] = {}
         self.reference: dict[str, torch.Tensor] | None = None  # keys and shapes a result must have (set by the controller)
 
+    kept_argument: ClassVar[str | None] = None  # the constructor argument naming the keys kept at each client
+
+    def keep(self, keys: Iterable[str] | None) -> None:
+        """The keys kept at each client, as given to the constructor (None: the model's BatchNorm layers, once
+        `use_model` has seen it); the argument keeps its given value, which FLARE's job export reads back."""
+        setattr(self, self.kept_argument, None if keys is None else sorted(keys))
+        self.kept_keys = None if keys is None else set(keys)
+
     def use_model(self, model: nn.Module | None) -> None:
-        """What the controller's model tells: the keys and shapes results are checked against (a module or
-        not), and, in a subclass, the layers it keeps local."""
+        """What the controller's model tells: the BatchNorm layers kept at each client, found by layer type
+        (`local_batchnorm_keys`, the rule prrfl's FedBN uses), unless the keys were given."""
+        if self.kept_argument is None or getattr(self, self.kept_argument) is not None:
+            return
+        if model is None:
+            raise ValueError(
+                f"{type(self).__name__} finds the BatchNorm layers it keeps local in the controller's model (an nn.Module); "
+                f"with a state dict as the model, give {self.kept_argument} (() when there is no BatchNorm)"
+            )
+        self.kept_keys = local_batchnorm_keys(model)
 
     def set_reference(self, state: StateDict) -> None:
         self.reference = {k: v for k, v in state.items()}
@@ -142,27 +158,20 @@ class FedBNAggregator(PerClientAggregator, aggregation.FedBN):
     default the BatchNorm layers of the controller's model, found by layer type (`local_batchnorm_keys`,
     the rule prrfl's FedBN uses). Without a model (a controller given only a state dict) name the keys."""
 
+    kept_argument = "local_keys"
+
     def __init__(self, weighting: Weighting = "samples", local_keys: Iterable[str] | None = None):
         PerClientAggregator.__init__(self, weighting)
         aggregation.FedBN.__init__(self, weighting, () if local_keys is None else local_keys)
-        self.local_keys = None if local_keys is None else sorted(local_keys)  # as given (FLARE's job export reads it)
-        self.kept_keys = None if local_keys is None else set(local_keys)
-
-    def use_model(self, model: nn.Module | None) -> None:
-        if self.local_keys is not None:
-            return
-        if model is None:
-            raise ValueError(
-                "FedBNAggregator finds the BatchNorm layers it keeps local in the controller's model (an nn.Module); "
-                "with a state dict as the model, give local_keys"
-            )
-        self.kept_keys = local_batchnorm_keys(model)
+        self.keep(local_keys)
 
 
 class FourierAggregator(PerClientAggregator, aggregation.Fourier):
     """Progressive Fourier Aggregation (PRR, TMI 2022; prrfl.server.aggregation.Fourier), one output per
     client, each carrying the round's r as meta[PFA_R]. `bn_keys` (default: the BatchNorm layers of the
     controller's model, by layer type, as `FedBNAggregator`) and `skip` patterns stay at the client."""
+
+    kept_argument = "bn_keys"
 
     def __init__(
         self,
@@ -181,15 +190,4 @@ class FourierAggregator(PerClientAggregator, aggregation.Fourier):
         aggregation.Fourier.__init__(
             self, r0, r1, schedule, components, conv_layout, classifier_key, classifier_rowwise, weighting, bn_keys or (), skip
         )
-        self.bn_keys = None if bn_keys is None else sorted(bn_keys)  # as given (FLARE's job export reads it)
-        self.kept_keys = None if bn_keys is None else set(bn_keys)
-
-    def use_model(self, model: nn.Module | None) -> None:
-        if self.bn_keys is not None:
-            return
-        if model is None:
-            raise ValueError(
-                "FourierAggregator finds the BatchNorm layers it keeps local in the controller's model (an nn.Module); "
-                "with a state dict as the model, give bn_keys (() when there is no BatchNorm)"
-            )
-        self.kept_keys = local_batchnorm_keys(model)
+        self.keep(bn_keys)
