@@ -219,6 +219,21 @@ def test_prrfl_run_refuses_a_simulator_workspace_another_job_is_running_in_befor
 
 
 @pytest.mark.e2e
+def test_prrfl_run_refuses_a_site_settings_file_the_simulator_would_delete(tmp_path, capsys):
+    """A prrfl_site.json put beside local/ in a simulator workspace would be wiped by the simulator before any site
+    reads it: `prrfl run` refuses before the simulator starts, naming the file and where it belongs, and keeps it."""
+    from prrfl.cli import main
+
+    job_ws = tmp_path / "ws" / "derm_prr"
+    job_ws.mkdir(parents=True)
+    settings = job_ws / "prrfl_site.json"
+    settings.write_text('{"device": "cpu"}')
+    assert main(["run", "derm_prr", "--workspace", str(tmp_path / "ws")]) == 2
+    err = capsys.readouterr().err
+    assert "holds ['prrfl_site.json'], which FLARE's simulator would delete before any site reads it" in err
+    assert f"move it into {job_ws / 'local'}" in err and settings.read_text() == '{"device": "cpu"}'
+
+
 def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simulator(tmp_path, capsys):
     from test_results_layouts import printed_tables
 

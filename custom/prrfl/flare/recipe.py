@@ -354,6 +354,12 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
             raise places.WorkspaceBusy(
                 f"job {recipe.name}: {places.busy_message(f'the simulator workspace {workspace}', e.holder)}", e.holder
             ) from e
+        doomed = sorted(p.name for p in workspace.glob("prrfl_site*.json"))  # the simulator deletes all but startup/, local/
+        if doomed:
+            raise ConfigError(
+                f"job {recipe.name}: {workspace} holds {doomed}, which FLARE's simulator would delete before any site reads "
+                f"it (it keeps only startup/ and local/): move it into {workspace / 'local'}"
+            )
     try:
         with interrupts() as interrupted:
             run = recipe.run(env)
