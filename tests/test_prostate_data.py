@@ -160,66 +160,52 @@ def _bad(tmp_path: Path, kind: str) -> tuple[Path, Path | None, str]:
     site = tmp_path / "HK"
     site.mkdir(parents=True)
     image, mask = _volume(0)
+    img, seg = site / "Case00.nii.gz", site / "Case00_segmentation.nii.gz"
+    # an image and a mask that read but break a rule: (image, mask, the file to load, expected words)
+    volumes = {
+        "shape": (image, mask[:, :, :5], seg, "same voxel grid"),
+        "labels": (image, (mask * 2).astype(np.uint8), seg, "labels 0 and 1"),
+        "empty_mask": (image, np.zeros_like(mask), seg, "no prostate voxel"),
+        "4d": (np.stack([image, image], axis=-1), mask, img, "3-D"),
+        "2d": (image[:, :, 0], mask, img, "3-D"),
+        "nan": (np.where(mask > 0, np.nan, image).astype(np.float32), mask, img, "non-finite"),
+    }
+    if kind in volumes:
+        volume, labels, target, words = volumes[kind]
+        _save(img, volume)
+        _save(seg, labels)
+        return tmp_path, target, words
     if kind == "corrupt":
-        (site / "Case00.nii.gz").write_bytes(b"this is not a NIfTI file at all")
-        _save(site / "Case00_segmentation.nii.gz", mask)
-        return tmp_path, site / "Case00.nii.gz", "cannot read image"
+        img.write_bytes(b"this is not a NIfTI file at all")
+        _save(seg, mask)
+        return tmp_path, img, "cannot read image"
     if kind == "truncated":
-        _save(site / "Case00.nii.gz", image)
-        data = gzip.decompress((site / "Case00.nii.gz").read_bytes())
-        (site / "Case00.nii.gz").write_bytes(gzip.compress(data[: len(data) // 3]))
-        _save(site / "Case00_segmentation.nii.gz", mask)
-        return tmp_path, site / "Case00.nii.gz", "cannot read the voxels of image"
-    if kind == "shape":
-        _save(site / "Case00.nii.gz", image)
-        _save(site / "Case00_segmentation.nii.gz", mask[:, :, :5])
-        return tmp_path, site / "Case00_segmentation.nii.gz", "same voxel grid"
-    if kind == "labels":
-        _save(site / "Case00.nii.gz", image)
-        _save(site / "Case00_segmentation.nii.gz", (mask * 2).astype(np.uint8))
-        return tmp_path, site / "Case00_segmentation.nii.gz", "labels 0 and 1"
-    if kind == "empty_mask":
-        _save(site / "Case00.nii.gz", image)
-        _save(site / "Case00_segmentation.nii.gz", np.zeros_like(mask))
-        return tmp_path, site / "Case00_segmentation.nii.gz", "no prostate voxel"
-    if kind == "4d":
-        _save(site / "Case00.nii.gz", np.stack([image, image], axis=-1))
-        _save(site / "Case00_segmentation.nii.gz", mask)
-        return tmp_path, site / "Case00.nii.gz", "3-D"
-    if kind == "2d":
-        _save(site / "Case00.nii.gz", image[:, :, 0])
-        _save(site / "Case00_segmentation.nii.gz", mask)
-        return tmp_path, site / "Case00.nii.gz", "3-D"
-    if kind == "nan":
-        _save(site / "Case00.nii.gz", np.where(mask > 0, np.nan, image).astype(np.float32))
-        _save(site / "Case00_segmentation.nii.gz", mask)
-        return tmp_path, site / "Case00.nii.gz", "non-finite"
+        _save(img, image)
+        data = gzip.decompress(img.read_bytes())
+        img.write_bytes(gzip.compress(data[: len(data) // 3]))
+        _save(seg, mask)
+        return tmp_path, img, "cannot read the voxels of image"
     if kind == "orientation":
-        _save(site / "Case00.nii.gz", image)
-        _save(site / "Case00_segmentation.nii.gz", mask, _affine(flip_xy=True))
-        return tmp_path, site / "Case00_segmentation.nii.gz", "oriented"
-    if kind == "no_mask":
-        _save(site / "Case01.nii.gz", image)
-        return tmp_path, None, "Case01.nii.gz: image without mask"
-    if kind == "no_image":
-        _save(site / "Case01_Segmentation.nii.gz", mask)
-        return tmp_path, None, "Case01_Segmentation.nii.gz: mask without image"
-    if kind == "tag":
-        _save(site / "Case00.nii.gz", image)
-        _save(site / "Case00_SEGMENTATION.nii.gz", mask)
-        return tmp_path, None, "Case00_SEGMENTATION.nii.gz: mask file name not recognised"
-    if kind == "two_masks":
-        _save(site / "Case00.nii.gz", image)
-        _save(site / "Case00_segmentation.nii.gz", mask)
-        _save(site / "Case00_Segmentation.nii.gz", mask)
-        return tmp_path, None, "two mask files"
+        _save(img, image)
+        _save(seg, mask, _affine(flip_xy=True))
+        return tmp_path, seg, "oriented"
+    # names that do not pair: (files written, expected words), listing only
+    names = {
+        "no_mask": ({"Case01.nii.gz": image}, "Case01.nii.gz: image without mask"),
+        "no_image": ({"Case01_Segmentation.nii.gz": mask}, "Case01_Segmentation.nii.gz: mask without image"),
+        "tag": ({"Case00.nii.gz": image, "Case00_SEGMENTATION.nii.gz": mask}, "Case00_SEGMENTATION.nii.gz: mask file name not recognised"),
+        "two_masks": ({"Case00.nii.gz": image, "Case00_segmentation.nii.gz": mask, "Case00_Segmentation.nii.gz": mask}, "two mask files"),
+    }
     if kind == "empty_site":
         (site / "readme.txt").write_text("nothing here")
         return tmp_path, None, f"{site} holds no case"
     if kind == "missing_site":
         shutil.rmtree(site)
         return tmp_path, None, f"{site} is missing"
-    raise AssertionError(kind)
+    files, words = names[kind]  # KeyError: a kind this helper does not build
+    for name, volume in files.items():
+        _save(site / name, volume)
+    return tmp_path, None, words
 
 
 LOAD_ERRORS = ["corrupt", "truncated", "shape", "labels", "empty_mask", "4d", "2d", "nan", "orientation"]

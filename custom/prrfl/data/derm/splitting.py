@@ -54,6 +54,18 @@ def check_heldout_min(value: object) -> int:
     return value
 
 
+def units_by_class(labels: Sequence[int], groups: Sequence[str], context: str) -> dict[int, dict[str, list[int]]]:
+    """class -> lesion -> the indices of its images, in order; a lesion with images of two classes is refused."""
+    units: dict[int, dict[str, list[int]]] = defaultdict(dict)
+    group_label: dict[str, int] = {}
+    for i, (y, g) in enumerate(zip(labels, groups, strict=True)):
+        if group_label.setdefault(g, y) != y:
+            both = f"{CLASS_NAMES[group_label[g]]}, {CLASS_NAMES[y]}"
+            raise ValueError(f"{context}: lesion {g} has images of different classes ({both})")
+        units[y].setdefault(g, []).append(i)
+    return units
+
+
 def stratified_assignment(
     labels: Sequence[int],
     fractions: Sequence[float],
@@ -67,15 +79,7 @@ def stratified_assignment(
     fr = dict(zip(SPLITS, check_fractions(fractions), strict=True))
     floor = check_heldout_min(heldout_min_per_class)
     rng = np.random.default_rng(seed)
-    if groups is None:
-        groups = [str(i) for i in range(len(labels))]
-    units: dict[int, dict[str, list[int]]] = defaultdict(dict)
-    group_label: dict[str, int] = {}
-    for i, (y, g) in enumerate(zip(labels, groups, strict=True)):
-        if group_label.setdefault(g, y) != y:
-            both = f"{CLASS_NAMES[group_label[g]]}, {CLASS_NAMES[y]}"
-            raise ValueError(f"{context}: lesion {g} has images of different classes ({both})")
-        units[y].setdefault(g, []).append(i)
+    units = units_by_class(labels, [str(i) for i in range(len(labels))] if groups is None else groups, context)
     out = [""] * len(labels)
     warnings: list[str] = []
     held_out = [s for s in ("test", "valid") if fr[s] > 0]

@@ -194,24 +194,27 @@ class PerClientController(ModelController):
             self.cancel_all_tasks()  # late results are dropped by FLARE
         elapsed = time.time() - sent
         for client in sorted(set(models) - set(answers.results)):
-            if client in answers.unreadable:
-                answers.missing[client] = UNREADABLE.format(count=self.sends[client])
-            elif client in ended:  # the root cause, when a killed process's task is also reported failed
-                answers.missing[client] = "its simulator process ended without an answer (killed or crashed)"
-            elif client in self.failed:
-                answers.missing[client] = f"its task failed ({self.failed[client]}); that client's log says why"
-            elif self.get_client_disconnect_time(client):
-                answers.missing[client] = "FLARE reports it disconnected (its job process or its heartbeat is gone)"
-            elif client in self.lost:
-                answers.missing[client] = f"silent since round {self.lost[client]}, not waited for beyond the others"
-            else:
-                answers.missing[client] = f"no result within the deadline ({elapsed:.0f} s)"
+            answers.missing[client] = self.missing_reason(client, answers, ended, elapsed)
             if round_idx is not None:
                 self.lost.setdefault(client, round_idx)
         for client in answers.results:
             if self.lost.pop(client, None) is not None:
                 self.info(f"{client} answers again")
         return answers
+
+    def missing_reason(self, client: str, answers: Answers, ended: set[str], elapsed: float) -> str:
+        """Why nothing came back from `client`, the root cause first."""
+        if client in answers.unreadable:
+            return UNREADABLE.format(count=self.sends[client])
+        if client in ended:  # the root cause, when a killed process's task is also reported failed
+            return "its simulator process ended without an answer (killed or crashed)"
+        if client in self.failed:
+            return f"its task failed ({self.failed[client]}); that client's log says why"
+        if self.get_client_disconnect_time(client):
+            return "FLARE reports it disconnected (its job process or its heartbeat is gone)"
+        if client in self.lost:
+            return f"silent since round {self.lost[client]}, not waited for beyond the others"
+        return f"no result within the deadline ({elapsed:.0f} s)"
 
     def release_lost(self) -> None:
         """At the job's end, in the simulator: end the processes of the clients lost during the job."""
