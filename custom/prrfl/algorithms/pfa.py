@@ -125,10 +125,85 @@ def fourier_mix(
     components: Components = "amplitude_phase",
     ndim: int = 2,
 ) -> torch.Tensor:
-    """PFA of a stack of real tensors [K, ...]: the real part of the inverse of `mix_spectrum`."""
+    """PFA of a stack of real tensors [K, ...]: the real part of the inverse of `mix_spectrum`.
+
+    Computed on the half spectrum a real FFT returns, without forming `mix_spectrum`'s full one. The
+    input is real, so its spectrum F is Hermitian, and so is the box's shared value C (an amplitude
+    average is even, a phase average odd). The output Re(ifft(Y)), Y = C inside the box and F outside,
+    is the inverse real FFT of Y's Hermitian part H(p) = (Y(p) + conj(Y(-p))) / 2, and on the half
+    spectrum H = F + m (C - F), where m(p) = (1[p in box] + 1[-p in box]) / 2 is 1 inside the box and
+    its mirror, 0 outside both and 1/2 on the box's one-sided edge (the box [-b, b) is asymmetric).
+    Equal to the inverse of `mix_spectrum` up to float rounding (tests/test_pfa.py), with half the FFT
+    work, the amplitudes and phases of half the spectrum, and no fftshift copies.
+    """
+    if components not in COMPONENTS:
+        raise ValueError(f"components must be one of {COMPONENTS}, got {components!r}")
+    if not 1 <= ndim < stack.ndim:
+        raise ValueError(f"ndim must be in [1, {stack.ndim - 1}] for a stack of shape {tuple(stack.shape)}")
+    w = normalised_weights(weights, stack.shape[0]).to(stack.device, stack.real.dtype)
     dims = tuple(range(-ndim, 0))
-    spectra = mix_spectrum(stack, r, weights, components, ndim)
-    return torch.fft.ifftn(torch.fft.ifftshift(spectra, dim=dims), dim=dims).real
+    shape = tuple(stack.shape[-ndim:])
+    half = torch.fft.rfftn(stack, dim=dims)  # [K, *batch, *shape[:-1], shape[-1] // 2 + 1]
+    share = _edge_weights(shape, r, stack.device, stack.dtype)  # m on the half spectrum
+    amplitude = _weighted_sum(w, half, _amplitude)
+    if components == "amplitude_phase":
+        shared = _polar(amplitude, _weighted_sum(w, half, _phase))  # arithmetic mean phase
+    else:
+        shared = _polar(amplitude, _phase(half))  # each site's own phase
+    half.mul_(1 - share).add_(shared * share)  # H = (1 - m) F + m C
+    return torch.fft.irfftn(half, s=shape, dim=dims)
+
+
+def reference_mix(
+    stack: torch.Tensor,
+    r: float,
+    weights: Sequence[float] | torch.Tensor | None = None,
+    components: Components = "amplitude_phase",
+    ndim: int = 2,
+) -> torch.Tensor:
+    """`fourier_mix` by its definition: the real part of the full inverse FFT of `mix_spectrum` (slower; the
+    tests and benchmarks/pfa_speed.py hold `fourier_mix` to it)."""
+    dims = tuple(range(-ndim, 0))
+    return torch.fft.ifftn(torch.fft.ifftshift(mix_spectrum(stack, r, weights, components, ndim), dim=dims), dim=dims).real
+
+
+def _weighted_sum(w: torch.Tensor, half: torch.Tensor, part: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """sum_k w[k] part(half[k]), one site at a time (no K-sized temporary)."""
+    total = part(half[0]).mul_(w[0])
+    for k in range(1, half.shape[0]):
+        total.add_(part(half[k]), alpha=float(w[k]))
+    return total
+
+
+def _amplitude(z: torch.Tensor) -> torch.Tensor:
+    """|z| of a complex tensor (a vectorised norm of its (re, im) pairs; torch.abs of complex is not)."""
+    return torch.linalg.vector_norm(torch.view_as_real(z), dim=-1)
+
+
+def _phase(z: torch.Tensor) -> torch.Tensor:
+    """arg z in (-pi, pi], as torch.angle, by atan2 on contiguous real and imaginary parts (vectorised)."""
+    pairs = torch.view_as_real(z)
+    return torch.atan2(pairs[..., 1].contiguous(), pairs[..., 0].contiguous())
+
+
+def _polar(amplitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+    """amplitude * exp(i phase), as torch.polar (with vectorised cos and sin; broadcasts)."""
+    return torch.complex(amplitude * phase.cos(), amplitude * phase.sin())
+
+
+def _edge_weights(shape: Sequence[int], r: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """m(p) = (1[p in box] + 1[-p in box]) / 2 on the half spectrum of `shape` (last axis n // 2 + 1).
+
+    Before fftshift the box [n//2 - b, n//2 + b) of an axis is the frequencies p in [-b, b) mod n."""
+    inside, mirrored = [], []
+    for axis, n in enumerate(shape):
+        b = low_frequency_band(n, r).stop - n // 2
+        p = torch.arange(n // 2 + 1 if axis == len(shape) - 1 else n, device=device)
+        view = [1] * len(shape)
+        view[axis] = -1
+        inside.append((((p + b) % n) < 2 * b).to(dtype).view(view))
+        mirrored.append((((b - p) % n) < 2 * b).to(dtype).view(view))
+    return (math.prod(inside) + math.prod(mirrored)) / 2
 
 
 def normalised_weights(weights: Sequence[float] | torch.Tensor | None, num_sites: int) -> torch.Tensor:
@@ -308,18 +383,26 @@ def _mix_key(
     rowwise: bool,
 ) -> list[torch.Tensor]:
     """One key's per-site results, each cast back to its input's dtype and device."""
-    stack = torch.stack([t.detach().to(tensors[0].device, torch.float64) for t in tensors])
-    w = w.to(stack.device)
+    first = tensors[0]
     if rowwise:
-        mixed = fourier_mix(stack.flatten(2), r, w, components, ndim=1).view_as(stack)
-    elif stack.ndim <= 2:  # scalars and vectors (biases): weighted average
-        mixed = torch.tensordot(w, stack, dims=1).expand_as(stack)
-    elif stack.ndim == 3:
-        mixed = fourier_mix(stack, r, w, components, ndim=2)
-    elif stack.ndim == 5:
-        matrices = conv_to_matrix(stack, conv_layout)
-        mixed = matrix_to_conv(fourier_mix(matrices, r, w, components, ndim=2), stack.shape, conv_layout)
+        matrix, back, ndim = (lambda t: t.flatten(1)), (lambda m: m.view(first.shape)), 1
+    elif first.ndim <= 1:  # scalars and vectors (biases): weighted average
+        matrix, back, ndim = (lambda t: t), (lambda m: m), 0
+    elif first.ndim == 2:
+        matrix, back, ndim = (lambda t: t), (lambda m: m), 2
+    elif first.ndim == 4:
+        matrix, back, ndim = (lambda t: conv_to_matrix(t, conv_layout)), (lambda m: matrix_to_conv(m, first.shape, conv_layout)), 2
     else:
-        raise ValueError(f"{key}: no PFA rule for a {stack.ndim - 1}-D tensor; keep it local with `skip`")
+        raise ValueError(f"{key}: no PFA rule for a {first.ndim}-D tensor; keep it local with `skip`")
+    # one float64 stack on the first site's device, each site copied (and cast) into it once
+    matrices = [matrix(t.detach()) for t in tensors]
+    stack = torch.empty((len(tensors), *matrices[0].shape), dtype=torch.float64, device=first.device)
+    for row, m in zip(stack, matrices):
+        row.copy_(m)
+    w = w.to(stack.device)
+    if ndim == 0:
+        mixed = torch.tensordot(w, stack, dims=1).expand_as(stack)
+    else:
+        mixed = fourier_mix(stack, r, w, components, ndim=ndim)
     # contiguous: outputs are serialised per tensor (torch.save / safetensors refuse strided views)
-    return [m.to(t.device, t.dtype, copy=True).contiguous() for m, t in zip(mixed, tensors)]
+    return [torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(back(m)) for m, t in zip(mixed, tensors)]
