@@ -121,3 +121,30 @@ def test_a_client_left_at_the_numpy_exchange_format_stops_the_job_naming_the_fix
         log,
     )
     assert "round 0 done" not in log
+
+
+def test_num_clients_samples_a_subset_each_round_as_fedavg_and_timeout_zero_sets_no_deadline(tmp_path):
+    """FLARE FedAvg's round semantics: `num_clients` of the connected clients, chosen at random by FLARE's
+    `sample_clients`, train in a round; the others keep their model; timeout=0 is no deadline, as FedAvg's."""
+    job = JOB.replace("model=Net(), min_clients=2)", "model=Net(), min_clients=1, num_clients=2, timeout=0)")
+    log = run_flare_script(
+        tmp_path, {"job.py": job.replace("num_rounds=3", "num_rounds=2"), "client.py": CLEAN_CLIENT, "widgets.py": WIDGETS}
+    )
+    assert log.count("num_clients (2) is less than the number of available clients. Returning a random subset") == 2
+    for r in (1, 2):
+        assert f"round {r}/2: sending each of 2 clients its own model" in log
+    done = re.findall(r"round (\d) done: aggregated (\[.*?\])", log)
+    assert [clients.count("site-") for _, clients in done] == [2, 2]
+    assert "deadline" not in log
+
+
+CLEAN_CLIENT = """
+import nvflare.client as flare
+
+flare.init()
+site = flare.get_site_name()
+while flare.is_running():
+    model = flare.receive()
+    params = {k: v + 0.01 * int(site[-1]) if v.is_floating_point() else v for k, v in model.params.items()}
+    flare.send(flare.FLModel(params=params, meta={"NUM_STEPS_CURRENT_ROUND": 10}))
+"""

@@ -39,7 +39,7 @@ from model import Net
 
 flare.init()
 site = flare.get_site_name()
-torch.manual_seed(int(site[-1]))
+torch.manual_seed(sum(map(ord, site)))  # any site name (site-1, a hospital)
 x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 3, (16,))
 net = Net()
 writer = SummaryWriter()
@@ -89,3 +89,39 @@ def test_cross_site_evaluation_scores_every_clients_personalized_model_at_every_
 def test_experiment_tracking_writes_the_clients_metrics(recipe_run):
     ws, _ = recipe_run
     assert list(ws.rglob("events.out.tfevents.*")), "no TensorBoard event file under the workspace"
+
+
+POC_JOB = """
+import sys
+from pathlib import Path
+from model import Net
+from nvflare.recipe import PocEnv
+from prrfl.flare.components import FourierAggregator
+from prrfl.flare.components.recipe import PersonalizedFedAvgRecipe
+from prrfl.flare.recipe import end_poc_processes
+
+recipe = PersonalizedFedAvgRecipe(
+    name="recipe_poc", model=Net(), train_script="client.py", num_rounds=2, min_clients=2, aggregator=FourierAggregator()
+)
+env = PocEnv(num_clients=2)
+run = recipe.execute(env)
+try:
+    result = run.get_result(timeout=300, clean_up=False)
+finally:
+    end_poc_processes(env.poc_workspace)
+print("STATUS", run.get_status())
+print("MODELS", sorted(p.name for p in Path(result).rglob("models/*.pt")))
+"""
+
+
+def test_the_recipe_runs_on_pocenv(tmp_path, monkeypatch):
+    """The same recipe on FLARE's PocEnv: a server and two client processes over gRPC on localhost, the job
+    submitted by the admin, every client's personalized model (and best model) saved on the server."""
+    from test_deploy_poc import our_processes
+
+    poc = tmp_path / "poc"
+    monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(poc))
+    log = run_flare_script(tmp_path, {"job.py": POC_JOB, "client.py": CLIENT}, timeout=500)
+    assert "STATUS FINISHED:COMPLETED" in log, log[-3000:]
+    assert "MODELS ['site-1.best.pt', 'site-1.pt', 'site-2.best.pt', 'site-2.pt']" in log
+    assert not our_processes(str(poc)), "POC processes left running"

@@ -232,6 +232,11 @@ def test_the_controller_checks_its_arguments():
         PersonalizedFedAvg(num_rounds=2, aggregator=object(), model=Net())
     with pytest.raises(ValueError, match="num_rounds"):
         PersonalizedFedAvg(num_rounds=0, aggregator=FedAvgAggregator(), model=Net())
+    with pytest.raises(ValueError, match="num_clients must be None or an integer of at least min_clients=2"):
+        PersonalizedFedAvg(num_rounds=2, aggregator=FedAvgAggregator(), model=Net(), min_clients=2, num_clients=1)
+    with pytest.raises(ValueError, match="timeout must be seconds >= 0"):
+        PersonalizedFedAvg(num_rounds=2, aggregator=FedAvgAggregator(), model=Net(), timeout=-1)
+    assert PersonalizedFedAvg(num_rounds=2, aggregator=FedAvgAggregator(), model=Net(), timeout=0).round_deadline(0) is None
     controller = PersonalizedFedAvg(num_rounds=2, aggregator=FedAvgAggregator(), model=Net().state_dict())
     assert controller.initial_state().keys() == Net().state_dict().keys()
 
@@ -539,3 +544,26 @@ def test_a_resumed_controller_goes_on_where_the_saved_state_ends(tmp_path):
     assert resumed.models["b"]["w"].tolist() == whole.models["b"]["w"].tolist()
     with pytest.raises(ValueError, match="state_dir"):
         controller(answers, resume=True)
+
+
+def test_the_recipes_export_names_prrfl_only_on_the_server_and_copies_none_of_it(tmp_path, monkeypatch):
+    """A stock Client API script needs no prrfl at the client: the exported clients' configuration names no prrfl
+    class and the job carries no (partial) copy of the package; the server's configuration names prrfl's classes."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from prrfl.flare.components.recipe import PersonalizedFedAvgRecipe
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "examples/fourier_pfa/model.py", tmp_path / "model.py")
+    (tmp_path / "client.py").write_text("import nvflare.client as flare\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    from model import Net
+
+    PersonalizedFedAvgRecipe(name="export_check", model=Net(), train_script="client.py", aggregator=FourierAggregator()).export("out")
+    app = tmp_path / "out/export_check/app"
+    assert "prrfl" not in (app / "config/config_fed_client.json").read_text()
+    server = json.loads((app / "config/config_fed_server.json").read_text())
+    assert server["workflows"][0]["path"] == "prrfl.flare.components.workflow.PersonalizedFedAvg"
+    assert sorted(p.name for p in (app / "custom").iterdir()) == ["client.py", "model.py"]

@@ -227,6 +227,37 @@ def test_a_site_with_corrupt_local_data_fails_at_start_and_the_others_train(depl
 
 
 @pytest.mark.e2e
+def test_the_component_recipe_runs_on_the_deployment_through_prodenv(deployment, tmp_path, monkeypatch):
+    """`PersonalizedFedAvgRecipe` (a stock Client API script, PFA) submitted with FLARE's ProdEnv through the admin's
+    startup kit: every client's personalized and best model saved on the server, as on SimEnv and PocEnv."""
+    from nvflare.recipe import ProdEnv
+    from test_component_recipe import CLIENT
+
+    from prrfl.flare.components import FourierAggregator
+    from prrfl.flare.components.recipe import PersonalizedFedAvgRecipe
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "examples/fourier_pfa/model.py", tmp_path / "model.py")
+    (tmp_path / "client.py").write_text(CLIENT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from model import Net
+
+    kit = deployment.kits.kit(deployment.kits.admin)
+    recipe = PersonalizedFedAvgRecipe(
+        name="components_prod",
+        model=Net(),
+        train_script=str(tmp_path / "client.py"),
+        num_rounds=2,
+        min_clients=3,
+        aggregator=FourierAggregator(),
+    )
+    run = recipe.execute(ProdEnv(startup_kit_location=str(kit), username=kit.name))
+    result = run.get_result(timeout=240)
+    assert run.get_status() == "FINISHED:COMPLETED"
+    sites = sorted(deployment.kits.sites)
+    assert sorted(p.name for p in Path(result).rglob("models/*.pt")) == sorted([f"{s}.pt" for s in sites] + [f"{s}.best.pt" for s in sites])
+
+
+@pytest.mark.e2e
 def test_the_recipe_runs_unchanged_on_the_deployment_through_prodenv(deployment, capsys):
     """`prrfl run --env prod`: the job's recipe submitted with FLARE's ProdEnv through the admin's startup
     kit of this provisioned deployment (mTLS), followed to the end and its results downloaded."""

@@ -73,10 +73,12 @@ class PersonalizedFedAvgRecipe(Recipe):
     name, model (nn.Module), train_script, train_args, num_rounds, min_clients: as FLARE's FedAvgRecipe.
     aggregator: a PerClientAggregator (default FourierAggregator(): PFA). prototypes: a PrototypeExchange or
     None. key_metric: each client's best model by this metric of its results (PersonalizedFedAvg). timeout:
-    seconds a round waits (None: until all answered or are gone). state_dir, resume: see PersonalizedFedAvg.
+    seconds a round waits (None or 0: until all answered, failed or are gone). num_clients: clients per round
+    (None: every connected client; a number: FLARE's random subset, as FedAvg's num_clients). state_dir, resume: see PersonalizedFedAvg.
     launch_external_process: the script in a process of its own (FLARE's ScriptRunner option).
-    The clients exchange torch tensors and send the difference to what they received; prrfl is imported from
-    each site's installation (the job carries none of it: install prrfl at every site, as the server).
+    The clients exchange torch tensors and send the difference to what they received. prrfl is imported from the
+    installation, never copied into the job: the server needs it; a client only when its train script imports it
+    (the clients' configuration names no prrfl class).
     """
 
     framework = FrameworkType.PYTORCH  # FLARE's add_cross_site_evaluation reads it
@@ -97,6 +99,7 @@ class PersonalizedFedAvgRecipe(Recipe):
         state_dir: str = "",
         resume: bool = False,
         launch_external_process: bool = False,
+        num_clients: int | None = None,
     ):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module (the clients' network), got {type(model).__name__}")
@@ -117,6 +120,7 @@ class PersonalizedFedAvgRecipe(Recipe):
             key_metric=key_metric,
             state_dir=state_dir,
             resume=resume,
+            num_clients=num_clients,
         )
         job.to_server(controller)
         job.to_clients(

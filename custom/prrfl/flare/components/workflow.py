@@ -59,10 +59,13 @@ class PersonalizedFedAvg(PerClientController):
     num_rounds: rounds to run. aggregator: a PerClientAggregator (FedAvgAggregator, FedBNAggregator,
     FourierAggregator, ...). model: the initial model of every client, an nn.Module (its state dict is
     used; in an exported job the module is rebuilt from its class and arguments) or a state dict (in a job
-    built and run in Python only). min_clients: usable results needed in every round. prototypes: a
+    built and run in Python only). num_clients: clients trained per round, as FLARE FedAvg's `num_clients`: a
+    random subset of the connected clients (FLARE's `sample_clients`) when fewer than are connected; a client
+    left out of a round keeps its model; None (default): every connected client, every round. min_clients:
+    usable results needed in every round (fewer stop the job with an error naming the clients). prototypes: a
     PrototypeExchange whose global statistics go into the meta of every client's next model. task_name:
-    the clients' train task. timeout: seconds a round waits for results (None: until all answered or
-    are gone). key_metric: the metric (in a result's `metrics`) by which each client's best model is chosen,
+    the clients' train task. timeout: seconds a round waits for results (None or 0, as FLARE's FedAvg: no
+    deadline; a round then waits until every client answered, failed or is gone). key_metric: the metric (in a result's `metrics`) by which each client's best model is chosen,
     as FLARE's IntimeModelSelector chooses the global one: a Client API script reports the score of the model
     it received, and the server keeps, per client, the model it sent in the round that scored best
     (`<run dir>/models/<client>.best.pt`; higher is better, or lower with negate_key_metric); None: no selection.
@@ -86,6 +89,7 @@ class PersonalizedFedAvg(PerClientController):
         negate_key_metric: bool = False,
         state_dir: str = "",
         resume: bool = False,
+        num_clients: int | None = None,
     ):
         super().__init__(persistor_id="")  # no persistor: the controller keeps and saves one model per client
         if not isinstance(num_rounds, int) or num_rounds < 1:
@@ -96,12 +100,14 @@ class PersonalizedFedAvg(PerClientController):
             raise TypeError(f"aggregator must be a PerClientAggregator, got {type(aggregator).__name__}")
         if prototypes is not None and not isinstance(prototypes, PrototypeExchange):
             raise TypeError(f"prototypes must be a PrototypeExchange, got {type(prototypes).__name__}")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be positive seconds or None, got {timeout!r}")
+        if num_clients is not None and (not isinstance(num_clients, int) or num_clients < min_clients):
+            raise ValueError(f"num_clients must be None or an integer of at least min_clients={min_clients}, got {num_clients!r}")
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"timeout must be seconds >= 0 (0 or None: no deadline), got {timeout!r}")
         # attributes named like the arguments: FLARE's job export reads them back
         self.num_rounds, self.aggregator, self.model = num_rounds, aggregator, model
         self.min_clients, self.prototypes, self.task_name, self.timeout = min_clients, prototypes, task_name, timeout
-        self.key_metric, self.negate_key_metric = key_metric, negate_key_metric
+        self.key_metric, self.negate_key_metric, self.num_clients = key_metric, negate_key_metric, num_clients
         if resume and not state_dir:
             raise ValueError("resume=True needs the state_dir the earlier job saved its state in")
         self.state_dir, self.resume = state_dir, resume
@@ -168,7 +174,7 @@ class PersonalizedFedAvg(PerClientController):
 
     # ----- the hooks of PerClientController.run_rounds ---------------------------------------------------
     def round_clients(self, round_idx: int) -> list[str]:
-        clients = sorted(self.sample_clients())
+        clients = sorted(self.sample_clients(self.num_clients))
         for client in clients:
             self.models.setdefault(client, {k: v.clone() for k, v in self._initial.items()})
         return clients
@@ -186,7 +192,7 @@ class PersonalizedFedAvg(PerClientController):
         }
 
     def round_deadline(self, round_idx: int) -> float | None:
-        return self.timeout
+        return self.timeout or None  # 0, as FLARE's FedAvg: no deadline
 
     def aggregate_round(self, round_idx: int, clients: list[str], answers: Answers) -> dict[str, FLModel] | None:
         """The aggregator's outputs from the usable results; a client without one keeps its model. Fewer usable
