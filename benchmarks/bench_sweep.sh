@@ -16,6 +16,7 @@
 #   SWEEPS=/scratch/sweeps NICE=19 bash benchmarks/bench_sweep.sh
 #   RESULTS=/path/to/checkout/docs/results bash benchmarks/bench_sweep.sh   # run from a fixed worktree, keep elsewhere
 #   ONLY="fedavg fedbn" bash benchmarks/bench_sweep.sh   # only these methods' runs of the plan
+#   REPORTS_ONLY=1 bash benchmarks/bench_sweep.sh        # rebuild the reports from the runs kept, run nothing
 #
 # After each run the reports of docs/results/bench/{derm,prostate,derm_ablation}/report are rebuilt from every
 # run kept so far (the ablation report: PRR's own runs beside its variants).
@@ -72,6 +73,7 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
   fi
 }
 failed_in_a_row=0
+if [ "${REPORTS_ONLY:-0}" = 1 ]; then reports; echo "reports rebuilt under $results/bench"; exit 0; fi
 
 for seed in $seeds; do
   for method in prr fedavg fedbn; do run prostate "$seed" "$method" bench/prostate; done

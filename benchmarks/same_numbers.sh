@@ -32,6 +32,13 @@ work, job, sites = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def history(side, site):
     results = json.load(open(f"{work}/ws_{side}/{site}/prrfl/{job}/results.json"))
     return [{k: v for k, v in h.items() if k != "timing"} for h in results["history"]], results["best"]
+def numbers(value):
+    """Every number in a record, in a fixed order."""
+    if isinstance(value, dict):
+        return [n for k in sorted(value) for n in numbers(value[k])]
+    if isinstance(value, list):
+        return [n for v in value for n in numbers(v)]
+    return [float(value)] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
 differ = 0
 for site in (f"site-{i}" for i in range(1, sites + 1)):
     (a, _), (b, best) = history("before", site), history("after", site)
@@ -40,6 +47,10 @@ for site in (f"site-{i}" for i in range(1, sites + 1)):
     new = sorted({k for x, y in zip(a, b) for k in y.keys() - x.keys()})
     differ += not same
     extra = f"; fields new in the working tree: {', '.join(new)}" if new else ""
+    if not same and len(a) == len(b):  # how far apart: the first record that differs and the largest gap of a metric
+        first = next(i for i, (x, y) in enumerate(zip(a, b)) if any(x[k] != y.get(k) for k in x))
+        gaps = [abs(u - v) for x, y in zip(a, b) for u, v in zip(numbers(x), numbers({k: y.get(k) for k in x}))]
+        extra += f"; first difference in history entry {first} of {len(a)}, largest gap {max(gaps):.3g} points"
     print(f"{site}: {'identical' if same else 'DIFFERENT'} ({len(a)} history entries; best round {best['round']}, test {best['test']}{extra})")
 sys.exit(1 if differ else 0)
 PY

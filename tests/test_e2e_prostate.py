@@ -73,7 +73,7 @@ def test_report_builds_table_iii_and_the_overlay_figure(finished_run, tmp_path):
     text = report.read_text()
     assert "## Table III: per-site test Dice/slice, IoU/slice, Dice and IoU" in text and "Table X" not in text
     assert "| method | seeds | RUNMC Dice/slice | RUNMC IoU/slice | RUNMC Dice | RUNMC IoU | BMC Dice/slice |" in text
-    assert "![overlays](overlays.png)" in text and (tmp_path / "report/overlays.png").stat().st_size > 0
+    assert "![overlays](overlays.jpg)" in text and (tmp_path / "report/overlays.jpg").stat().st_size > 0
 
 
 def test_predict_writes_the_trained_models_masks_on_each_raw_volumes_grid(finished_run, tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import logging
 import math
@@ -37,7 +38,7 @@ import numpy as np
 from prrfl.crosseval import CROSSEVAL_FILE
 from prrfl.metrics import download_drops, improves, label, nanmean, shared_model_drops
 from prrfl.registry import task_class
-from prrfl.storage import load_json, save_text
+from prrfl.storage import atomic_write_bytes, existing_json, find_json, load_json, save_text
 from prrfl.summary import results_table
 
 log = logging.getLogger(__name__)
@@ -82,14 +83,14 @@ class RunResults:
 def server_run(path: Path, data: dict[str, Any]) -> RunResults:
     """The run of a server's results.json (`data`, read from `path`), with the crosseval.json beside it."""
     config = data["config"]
-    crosseval = path.with_name(CROSSEVAL_FILE)
+    crosseval = existing_json(path.with_name(CROSSEVAL_FILE))
     return RunResults(
         config.get("run_name", "?"),
         str(data.get("run_id")),
         config.get("task", LEGACY_TASK),
         str(path),
         data["sites"],
-        load_json(crosseval) if crosseval.is_file() else None,
+        None if crosseval is None else load_json(crosseval),
     )
 
 
@@ -115,7 +116,7 @@ def find_runs(folder: str | Path) -> tuple[list[RunResults], list[str]]:
     by its run id; a site's copies agree, or the one with more rounds is the newer. Runs come by name,
     then oldest first (e.g. a run set aside as <run>.replaced-<time> before the run that replaced it)."""
     folder = Path(folder)
-    files = [folder] if folder.is_file() else sorted(folder.rglob(RESULTS_FILE))
+    files = [folder] if folder.is_file() else find_json(folder, RESULTS_FILE, recursive=True)
     servers: dict[str, tuple[Path, dict[str, Any]]] = {}
     sites: dict[str, dict[str, tuple[Path, dict[str, Any]]]] = defaultdict(dict)
     notes = []
@@ -237,7 +238,7 @@ def find_results(workspaces: Iterable[str | Path], methods: Sequence[str] | None
     """
     found: dict[tuple[str, str, str], SiteResult] = {}
     for ws in workspaces:
-        for path in sorted(Path(ws).glob(RESULTS_GLOB)):
+        for path in find_json(ws, RESULTS_GLOB):
             result = SiteResult.load(path)
             if result is not None and (not methods or result.method in methods) and (not task or result.task == task):
                 found.setdefault((result.method, result.run_id, result.site), result)
@@ -667,6 +668,7 @@ def plot_curves(method: str, results: Sequence[SiteResult], colours: dict[str, A
 
 
 EXAMPLES_FILE = "examples.npz"  # written by a segmentation site beside its results.json
+OVERLAYS = "overlays.jpg"  # MRI slices: a JPEG
 
 
 def plot_overlays(results: Sequence[SiteResult], methods: Sequence[str], path: Path, site_order: Sequence[str] = ()) -> Path | None:
@@ -702,7 +704,7 @@ def plot_overlays(results: Sequence[SiteResult], methods: Sequence[str], path: P
             if j == 0:
                 ax.set_ylabel(method, fontsize=10)
     fig.suptitle("Test slices: ground truth (green) and prediction (red)", fontsize=10)
-    return _save(fig, path)
+    return _save(fig, path, dpi=72)  # about 160 px a slice: the synthetic slices are 64-128 px
 
 
 def plot_retrogress(
@@ -757,12 +759,22 @@ def plot_retrogress(
     return _save(fig, path)
 
 
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _save(fig, path: Path, dpi: int = 90) -> Path:
+    """The figure, written atomically and small enough to keep in git: a plot as a PNG of at most 256 colours
+    (lossless for matplotlib's flat colours and lines), an image (.jpg: MRI slices) as a JPEG."""
+    from PIL import Image
+
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    rendered = io.BytesIO()
+    fig.savefig(rendered, format="png", dpi=dpi)
     _pyplot().close(fig)
-    return path
+    out = io.BytesIO()
+    with Image.open(rendered) as image:
+        if path.suffix == ".jpg":
+            image.convert("RGB").save(out, format="jpeg", quality=85, optimize=True)
+        else:
+            image.convert("RGB").quantize(colors=256, dither=Image.Dither.NONE).save(out, format="png", optimize=True)
+    return atomic_write_bytes(path, out.getvalue())
 
 
 # ----- FCA's generalization / specialization protocol ----------------------------------------
@@ -787,17 +799,19 @@ def protocol_results(results: Sequence[SiteResult]) -> list[dict[str, Any]]:
         if r.run_id in found:
             continue
         workspace = r.path.parents[3]  # <workspace>/<site>/prrfl/<run_name>/results.json
-        path = workspace / "prrfl" / r.path.parent.name / CROSSEVAL_FILE
-        if not path.exists():
+        wanted = workspace / "prrfl" / r.path.parent.name / CROSSEVAL_FILE
+        path = existing_json(wanted)
+        if path is None:
             try:
                 write_crosseval(workspace)
+                path = existing_json(wanted)
             except (OSError, ValueError, RuntimeError, KeyError) as e:
-                deployed = [p for p in sorted(workspace.rglob(CROSSEVAL_FILE)) if load_json(p).get("run_id") == r.run_id]
+                deployed = [p for p in find_json(workspace, CROSSEVAL_FILE, recursive=True) if load_json(p).get("run_id") == r.run_id]
                 if deployed:
                     path = deployed[0]
                 else:
                     log.warning("run %s (%s): no generalization/specialization evaluation: %s", r.run_id, workspace, e)
-        found[r.run_id] = {**load_json(path), "method": r.method} if path.exists() else None  # the run's label
+        found[r.run_id] = None if path is None else {**load_json(path), "method": r.method}  # the run's label
     protocols = [p for p in found.values() if p is not None]
     for p in list(protocols):  # the other models a run scored (PRR's deputy), as rows of their own
         for role, part in (p.get("other_models") or {}).items():
@@ -893,7 +907,9 @@ def build_report(
     shared_p = shared_drop_tests(shared_drops, order, reference)
     figures = _figures(results, curves or order, summary, out, reference, primary, shared_summary)
     models = {r.method: _model_name(r) for r in results}
-    overlays = plot_overlays(results, order, out / "overlays.png", facts.site_names)  # segmentation runs write examples
+    overlays = plot_overlays(results, order, out / OVERLAYS, facts.site_names)  # segmentation runs write examples
+    if overlays is None and (out / OVERLAYS).is_file():  # built earlier from the examples arrays kept results leave out
+        overlays = out / OVERLAYS
     figures += [overlays] if overlays else []
     names = " and ".join([", ".join(label(m) for m in metrics[:-1]), label(metrics[-1])] if len(metrics) > 1 else [label(metrics[0])])
     sections = [

@@ -9,6 +9,7 @@ the file and the space left), whatever library was writing (torch reports it as 
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import os
 import shutil
@@ -150,5 +151,25 @@ def save_text(text: str, path: str | Path) -> Path:
 
 
 def load_json(path: str | Path) -> Any:
-    with open(path) as f:
+    """A JSON file, or its gzip-compressed copy (name ending in .gz, as docs/results keeps per-run histories)."""
+    path = Path(path)
+    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
         return json.load(f)
+
+
+def existing_json(path: str | Path) -> Path | None:
+    """`path` if it exists, else its compressed copy `<path>.gz` if that exists, else None."""
+    path = Path(path)
+    for candidate in (path, path.with_name(path.name + ".gz")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def find_json(folder: str | Path, pattern: str, recursive: bool = False) -> list[Path]:
+    """Files under `folder` matching `pattern` (a glob of a .json name; `recursive`: at any depth), each also
+    found as its compressed copy `<name>.gz`; a file present both ways counts once (the plain one)."""
+    search = Path(folder).rglob if recursive else Path(folder).glob
+    plain = set(search(pattern))
+    compressed = {p for p in search(pattern + ".gz") if p.with_suffix("") not in plain}
+    return sorted(plain | compressed)
