@@ -212,13 +212,23 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The command line: one parser per command, each built by its own `_add_<command>`."""
     parser = argparse.ArgumentParser(
         prog="prrfl", description=__doc__, epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     common = traceback_option(parser)
     sub = parser.add_subparsers(dest="command", required=True)
-    jobs = sub.add_parser("jobs", help="FLARE job folders").add_subparsers(dest="action", required=True)
-    # what a job is built with, for `jobs export` and `run` alike
+    job_options = _job_options()
+    _add_jobs(sub, common, job_options)
+    for add in (_add_data, _add_results, _add_report, _add_crosseval, _add_evaluate, _add_predict, _add_sweep):
+        add(sub, common)
+    _add_run(sub, common, job_options)
+    _add_deploy(sub, common)
+    return parser
+
+
+def _job_options() -> argparse.ArgumentParser:
+    """What a job is built with, for `jobs export` and `run` alike."""
     job_options = argparse.ArgumentParser(add_help=False)
     job_options.add_argument(
         "--bundle", action="store_true", help="copy the prrfl package into each job's custom/ (sites without it installed)"
@@ -244,6 +254,12 @@ def _parser() -> argparse.ArgumentParser:
         "--tracking-uri",
         help="with --tracking mlflow: the MLflow tracking URI (default: SQLite mlflow.db in the server's prrfl/ folder, beside the workspace in the simulator)",
     )
+    return job_options
+
+
+def _add_jobs(sub, common: argparse.ArgumentParser, job_options: argparse.ArgumentParser) -> None:
+    """`prrfl jobs export|check`."""
+    jobs = sub.add_parser("jobs", help="FLARE job folders").add_subparsers(dest="action", required=True)
     export = jobs.add_parser("export", parents=[common, job_options], help="write the job folders from the code")
     export.add_argument("names", nargs="*", help="jobs to export (default: all)")
     export.add_argument("--out", default="jobs")
@@ -252,6 +268,10 @@ def _parser() -> argparse.ArgumentParser:
     check = jobs.add_parser("check", parents=[common], help="fail if the committed job folders differ from the code")
     check.add_argument("--dir", default="jobs")
     check.set_defaults(func=_jobs_check)
+
+
+def _add_data(sub, common: argparse.ArgumentParser) -> None:
+    """`prrfl data build`."""
     data = sub.add_parser("data", help="data sets").add_subparsers(dest="action", required=True)
     build = data.add_parser("build", parents=[common], help="generate and prepare a job's synthetic federation into the cache")
     build.add_argument("job")
@@ -259,6 +279,10 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--profile", **PROFILE_OPTION)
     build.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     build.set_defaults(func=_data_build)
+
+
+def _add_results(sub, common: argparse.ArgumentParser) -> None:
+    """`prrfl results`."""
     results = sub.add_parser("results", parents=[common], help="per-site table (the task's two main test metrics) of finished runs")
     results.add_argument(
         "workspaces",
@@ -267,6 +291,10 @@ def _parser() -> argparse.ArgumentParser:
         help="searched at any depth for results.json: a simulator, `prrfl run`, POC or `prrfl deploy poc` workspace, a download",
     )
     results.set_defaults(func=_results)
+
+
+def _add_report(sub, common: argparse.ArgumentParser) -> None:
+    """`prrfl report`."""
     report = sub.add_parser(
         "report", parents=[common], help="per-site tables (Table II / III, Table X), retrogress and per-epoch curves of finished runs"
     )
@@ -277,6 +305,10 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--curves", help="comma-separated methods to plot per-epoch curves of (default: all reported)")
     report.add_argument("--task", help="the task to report when the workspaces hold runs of several")
     report.set_defaults(func=_report)
+
+
+def _add_crosseval(sub, common: argparse.ArgumentParser) -> None:
+    """`prrfl crosseval`."""
     crosseval = sub.add_parser(
         "crosseval",
         parents=[common],
@@ -285,6 +317,10 @@ def _parser() -> argparse.ArgumentParser:
     crosseval.add_argument("workspaces", nargs="+", help="simulator workspaces; writes <workspace>/prrfl/<run>/crosseval.json")
     crosseval.add_argument("--device", default="cpu", help="torch device of the evaluation (default: cpu)")
     crosseval.set_defaults(func=_crosseval)
+
+
+def _add_evaluate(sub, common: argparse.ArgumentParser) -> None:
+    """`prrfl evaluate`."""
     evaluate = sub.add_parser("evaluate", parents=[common], help="metrics of a saved best model (with its model card) on a prepared split")
     evaluate.add_argument("--model", required=True, help="a best_<role>.pt, its model card best_<role>.json beside it")
     evaluate.add_argument("--data-root", required=True, help="prepared data of the model's task (python -m prrfl.data.<task> prepare)")
@@ -293,6 +329,10 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--device", default="cpu")
     evaluate.add_argument("--json", action="store_true", help="print the whole result as JSON too")
     evaluate.set_defaults(func=_evaluate)
+
+
+def _add_predict(sub, common: argparse.ArgumentParser) -> None:
+    """`prrfl predict`."""
     predict = sub.add_parser(
         "predict",
         parents=[common],
@@ -311,6 +351,10 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--device", default="cpu")
     predict.add_argument("--batch-size", type=_positive, help="images or slices per forward pass (default: the task's evaluation chunk)")
     predict.set_defaults(func=_predict)
+
+
+def _add_sweep(sub, common: argparse.ArgumentParser) -> None:
+    """`prrfl sweep`."""
     sweep = sub.add_parser("sweep", parents=[common], help="run methods x seeds in the simulator one after another, then the report")
     sweep.add_argument("--methods", required=True, help="comma-separated methods; each runs its job <task>_<method>")
     sweep.add_argument("--task", default="derm", help="the task of every run (default: derm)")
@@ -320,6 +364,10 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--profile", **PROFILE_OPTION)
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run")
     sweep.set_defaults(func=_sweep)
+
+
+def _add_run(sub, common: argparse.ArgumentParser, job_options: argparse.ArgumentParser) -> None:
+    """`prrfl run`."""
     run = sub.add_parser(
         "run",
         parents=[common, job_options],
@@ -341,6 +389,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--username", help="prod: the admin's name (default: the startup kit folder's name)")
     run.add_argument("--timeout", type=float, default=0.0, help="poc, prod: seconds to follow the job (default: until it ends)")
     run.set_defaults(func=_run)
+
+
+def _add_deploy(sub, common: argparse.ArgumentParser) -> None:
+    """`prrfl deploy poc`."""
     deploy = sub.add_parser("deploy", help="run a job on a provisioned FLARE deployment").add_subparsers(dest="action", required=True)
     poc = deploy.add_parser(
         "poc", parents=[common], help="provision, start server + sites on localhost (mTLS), submit, follow, download, stop"
@@ -352,7 +404,6 @@ def _parser() -> argparse.ArgumentParser:
     poc.add_argument("--device", help="device written to every site's local config, e.g. cpu or cuda:0")
     poc.add_argument("--timeout", type=float, default=3600, help="seconds the job may run")
     poc.set_defaults(func=_deploy)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
