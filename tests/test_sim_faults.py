@@ -262,3 +262,24 @@ def test_a_job_that_cannot_run_is_refused_before_any_site_trains(tmp_path, case)
     out = log.read_text(errors="replace")
     assert expected in out, out[-3000:]
     assert "training images" not in out  # no site was asked to prepare
+
+
+@pytest.mark.parametrize("killed", ["command", "server"])
+def test_kill_9_of_the_simulator_leaves_no_process_running(tmp_path, killed):
+    """kill -9 of `nvflare simulator` (the command a user started) or of the simulator's server process, mid-job:
+    every other process of that simulator ends within seconds (prrfl.flare.liveness: each watches the process
+    above it; about 2 s to notice, 5 s to end by itself before it is killed), rather than train on headless."""
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=40, local_epochs=1))
+    sim = simulator(job, tmp_path / "ws", 2, tmp_path / "cache", tmp_path / "sim.log")
+    try:
+        wait_for(lambda: (load(tmp_path / "ws.state/server/derm_prr" / STATE) or {}).get("next_round", 0) >= 1, 240, "round 0")
+        everything = psutil.Process(sim.pid).children(recursive=True)
+        workers = [p for p in everything if "nvflare.private.fed.app.simulator.simulator_worker" in p.cmdline()]
+        server = workers[0].parent()
+        assert len(workers) == 2 and server.pid != sim.pid
+        (psutil.Process(sim.pid) if killed == "command" else server).kill()
+        # 60 s: a loaded machine's margin over the stated 2 s poll and 2 x 5 s grace
+        _, alive = psutil.wait_procs([p for p in everything if p.pid != sim.pid], timeout=60)
+        assert not alive, [p.cmdline()[:4] for p in alive]
+    finally:
+        kill_process_tree(sim.pid, grace=0)

@@ -152,3 +152,87 @@ def release_lost_workers(sites: Iterable[str], grace: float = 30.0) -> list[str]
 
         threading.Thread(target=kill_later, name="prrfl-release-lost-sites", daemon=True).start()
     return lines
+
+
+# ----- no simulator process outlives the command that started it ---------------------------------------------
+ORPHAN_POLL = 2.0  # seconds between two looks at the watched process
+ORPHAN_GRACE = 5.0  # seconds a process that must end gets to end by itself before it is killed
+
+
+def simulator_worker_process() -> psutil.Process | None:
+    """The FLARE simulator site process this code runs in (its Client API script in process) or under (a
+    script it launched as a process of its own); None outside a simulator site."""
+    try:
+        proc: psutil.Process | None = psutil.Process()
+        for _ in range(3):  # the worker, or the script's process and its launcher
+            if proc is None:
+                return None
+            if SIMULATOR_WORKER in proc.cmdline():
+                return proc
+            proc = proc.parent()
+    except psutil.Error:
+        return None
+    return None
+
+
+def watch_parent(what: str, parent: psutil.Process, end: list[psutil.Process], poll: float = ORPHAN_POLL, grace: float = ORPHAN_GRACE):
+    """A daemon thread that ends the processes `end` (their children first, then each in order; SIGTERM, SIGKILL
+    after `grace` seconds) once `parent` is gone, e.g. killed with kill -9: the simulator's processes then end
+    within seconds instead of running on headless. `what` names the watched process in the log."""
+
+    def watch() -> None:
+        while parent.is_running() and parent.status() != psutil.STATUS_ZOMBIE:
+            time.sleep(poll)
+        log.error("%s (pid %s) is gone: ending this simulator process and its children (no orphans)", what, parent.pid)
+        children = []
+        for proc in end:
+            try:
+                children += proc.children(recursive=True)
+            except psutil.Error:
+                pass
+        for group in (children, *([proc] for proc in end)):  # the children, then `end` in order: this thread may be in the last
+            for proc in group:
+                try:
+                    proc.terminate()
+                except psutil.Error:
+                    pass
+            for proc in psutil.wait_procs(group, timeout=grace)[1]:
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+
+    thread = threading.Thread(target=watch, name="prrfl-orphan-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def end_site_with_simulator() -> threading.Thread | None:
+    """In a simulator site: end the site's process when the simulator's main process (the worker's
+    `--parent_pid`) is gone. None outside the simulator."""
+    worker = simulator_worker_process()
+    if worker is None:
+        return None
+    try:
+        cmd = worker.cmdline()
+        parent = psutil.Process(int(cmd[cmd.index("--parent_pid") + 1]))
+    except (psutil.Error, ValueError, IndexError):
+        return None
+    return watch_parent("the simulator's main process", parent, [worker])
+
+
+def end_simulator_with_its_command() -> threading.Thread | None:
+    """In the simulator's server process: when the command that started it (its parent, `nvflare simulator` or a
+    job script) is gone, end the sites' processes and this one, rather than run the job on headless."""
+    try:
+        me = psutil.Process()
+        parent = me.parent()
+    except psutil.Error:
+        return None
+    if parent is None or parent.pid == 1:
+        return None
+    try:  # the command's other processes (FLARE's simulator forks a helper beside this one), then this one
+        siblings = [p for p in parent.children() if p.pid != me.pid]
+    except psutil.Error:
+        siblings = []
+    return watch_parent("the command that started the simulator", parent, [*siblings, me])

@@ -28,6 +28,7 @@ from prrfl.config import RunConfig
 from prrfl.flare import places
 from prrfl.flare import protocol as P
 from prrfl.flare.cross_site import CARD
+from prrfl.flare.liveness import end_site_with_simulator
 from prrfl.flare.site_config import SettingsReport, SiteConfig, per_site_name
 from prrfl.inference import load_saved_model
 from prrfl.messages import PrepareReply
@@ -126,6 +127,7 @@ def job_arguments(argv: list[str] | None) -> tuple[str | None, list[str]]:
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     flare.init()
+    end_site_with_simulator()  # in the simulator: this site ends when the simulator's main process is gone
     site, job_id = flare.get_site_name(), flare.get_job_id()
     run_name, argv = job_arguments(argv)
     try:

@@ -30,7 +30,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.model_controller import ModelController
 
 from prrfl.flare import places
-from prrfl.flare.liveness import WorkerWatch, release_lost_workers
+from prrfl.flare.liveness import WorkerWatch, end_simulator_with_its_command, release_lost_workers
 
 RESEND_LIMIT = 5  # a client that fetches the same task this many times without answering cannot read it
 
@@ -68,6 +68,7 @@ class PerClientController(ModelController):
         kwargs.setdefault("ignore_result_error", True)  # a failed client must not end the job
         super().__init__(*args, **kwargs)
         self.lost: dict[str, int] = {}
+        self._orphan_watch = None  # the thread that ends the simulator when its command is gone
         self.failed: dict[str, str] = {}  # client -> the error code its task of the current send_each ended with
         self.sends: dict[str, int] = {}  # client -> times its task of the current send_each was fetched
 
@@ -76,7 +77,11 @@ class PerClientController(ModelController):
         """Rounds `first` .. num_rounds - 1: each sends every client of `round_clients` its model of
         `round_models`, waits (`send_each`, `round_deadline`), aggregates the answers (`aggregate_round`) and
         ends the round (`end_round`), firing FLARE's round events around them. A client that cannot read its
-        task stops the job (one error naming the fix). False when the job stopped (aborted, or a hook said so)."""
+        task stops the job (one error naming the fix). False when the job stopped (aborted, or a hook said so).
+        In FLARE's simulator, the job ends when the command that started it is gone (kill -9 of `nvflare
+        simulator`): this process and the sites' end within seconds rather than run on headless."""
+        if not self._orphan_watch and places.in_simulator(self.fl_ctx.get_job_id() if self.fl_ctx else None):
+            self._orphan_watch = end_simulator_with_its_command()
         for round_idx in range(first, num_rounds):
             if self.abort_signal.triggered:
                 return False
