@@ -167,10 +167,13 @@ def test_a_second_job_on_a_busy_workspace_is_refused_in_one_line_naming_the_firs
         assert len(refused) == 1, refused
         assert f"the simulator workspace {ws.resolve()} is in use by run {run_id} of job 'derm_prr' (pid " in refused[0]
         assert "wait for that job to end, or give this one another workspace" in refused[0]
+        # the loss FLARE's simulator caused before the check could run is named, on both sides
+        assert "FLARE's simulator empties its workspace before any job code runs, so the running job's files" in refused[0]
         assert not list(state_dir.parent.glob("derm_prr.replaced-*"))  # nothing was moved aside
         done = load(state_dir / STATE)["next_round"]
         wait_for(lambda: (load(state_dir / STATE) or {}).get("next_round", 0) > done, 240, "the first run to save another round")
         assert load(state_dir / STATE)["run_id"] == run_id
+        wait_for(lambda: "was emptied while this job ran" in (tmp_path / "first.log").read_text(errors="replace"), 60, "the warning")
     finally:
         kill_process_tree(first.pid, grace=0)
 

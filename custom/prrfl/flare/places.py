@@ -96,6 +96,29 @@ def simulator_lock_file(simulator_workspace: Path) -> Path:
     return simulator_workspace.with_name(simulator_workspace.name + STATE_SUFFIX) / "running.lock"
 
 
+RUNNING_MARKER = ".prrfl-running"
+
+
+def mark_workspace(run_dir: Path, run_id: str) -> Path | None:
+    """A marker in the server's run folder of the workspace; its disappearance tells the job that its workspace
+    was emptied while it ran (a second `nvflare simulator` on it). None when it cannot be written."""
+    marker = Path(run_dir) / RUNNING_MARKER
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(run_id)
+    except OSError:
+        return None
+    return marker
+
+
+def emptied_message(marker: Path) -> str:
+    return (
+        f"{marker.parent} was emptied while this job ran (a second simulator run on the same workspace?): the logs, "
+        "TensorBoard events and results written there so far are lost; the checkpoints and results in the state "
+        "folder beside the workspace are not, and the results are written there and here again at the job's end"
+    )
+
+
 class WorkspaceBusy(OSError):
     """Another job holds the lock; `holder` is what it wrote into the lock file."""
 

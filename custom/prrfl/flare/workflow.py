@@ -95,6 +95,7 @@ class PersonalizedWorkflow(PerClientController):
         if resume not in RESUME_MODES or not isinstance(resume, (bool, str)):
             raise ValueError(f"workflow argument 'resume' must be false, true or \"auto\", got {resume!r}")
         self.deadline = Deadline(task_timeout, first_task_timeout, min_task_timeout, task_timeout_factor, estimate_timeout_factor)
+        self._marker: Path | None = None  # the workspace marker of a simulator run (places.mark_workspace)
         self.cfg = validate_config(config)  # every field and method option, before any site is asked
 
     # ----- main loop -------------------------------------------------------------------
@@ -112,8 +113,16 @@ class PersonalizedWorkflow(PerClientController):
             places.ensure_writable(state_dir, "server", "set the workflow's state_dir argument to a writable folder")
             lock.acquire(run_name=self.cfg.run_name, job_id=job_id, state_dir=str(state_dir))
         except WorkspaceBusy as e:
-            where = f"the simulator workspace {root.resolve().parent}" if places.in_simulator(job_id) else f"the state folder {state_dir}"
-            self.panic(f"the job cannot start: {places.busy_message(where, e.holder)}")
+            if places.in_simulator(job_id):
+                ws = root.resolve().parent
+                lost = (
+                    f". FLARE's simulator empties its workspace before any job code runs, so the running job's files in {ws} "
+                    f"(logs, TensorBoard events, FLARE's cross-site results) are gone; its checkpoints and results in "
+                    f"{ws.with_name(ws.name + places.STATE_SUFFIX)} are not. `prrfl run` refuses before the simulator starts"
+                )
+                self.panic(f"the job cannot start: {places.busy_message(f'the simulator workspace {ws}', e.holder)}{lost}")
+            else:
+                self.panic(f"the job cannot start: {places.busy_message(f'the state folder {state_dir}', e.holder)}")
             return
         except OSError as e:  # ensure_writable names the folder and the setting
             self.panic(f"the job cannot start: {e}")
@@ -161,6 +170,8 @@ class PersonalizedWorkflow(PerClientController):
         if state.next_round >= cfg.num_rounds:
             self.info(f"run {state.run_id} has completed all {cfg.num_rounds} rounds; nothing to train (raise num_rounds to extend it)")
         self.federation, self.state, self.sites, self.common, self.state_path = federation, state, sites, common, state_dir
+        in_sim = places.in_simulator(self.fl_ctx.get_job_id() if self.fl_ctx else None)
+        self._marker = places.mark_workspace(Path(self.get_run_dir()), state.run_id) if in_sim else None
         if self.run_rounds(state.next_round, cfg.num_rounds, P.TASK_TRAIN):
             self._finish(federation, self.state, state_dir)
 
@@ -202,6 +213,9 @@ class PersonalizedWorkflow(PerClientController):
             )
             return False
         self.state = outcome.state
+        if self._marker is not None and not self._marker.exists():  # once: a second simulator run emptied the workspace
+            self.warning(places.emptied_message(self._marker))
+            self._marker = None
         if self.memory_gc_rounds and (round_idx + 1) % self.memory_gc_rounds == 0:
             cleanup_memory()
         summaries = outcome.summary.summaries
