@@ -18,7 +18,7 @@ import yaml
 from conftest import tiny_derm_config, untimed, wait_for
 from test_recipe import TINY_SETS
 
-from prrfl.deploy import POC_TEMPLATE, make_project
+from prrfl.deploy import POC_TEMPLATE, kill_process_tree, make_project
 from prrfl.flare.recipe import export_job, server_results
 from prrfl.sweep import simulator_command
 
@@ -183,3 +183,34 @@ def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path
     ((title, table),) = printed_tables(poc, capsys).items()
     per_site = table.split("\n\nCross-site evaluation: ")[0]  # prrfl results adds FLARE's cross-site matrix
     assert title.startswith("derm_prr (run ") and f"\n\n{per_site}" in out
+
+
+@pytest.mark.e2e
+def test_ctrl_c_of_prrfl_run_on_pocenv_returns_promptly_with_the_resume_line(tmp_path):
+    """Ctrl-C of `prrfl run --env poc` mid-job: every POC process is stopped and the command returns 130 within
+    a minute with the line that says how to go on, rather than hanging on FLARE's connection retries."""
+    import json as _json
+
+    from conftest import TINY_DATA
+
+    poc = tmp_path / "poc"
+    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "NVFLARE_POC_WORKSPACE": str(poc), "PYTHONUNBUFFERED": "1"}
+    sets = ["--set=num_rounds=50", "--set=local_epochs=1", f"--set=data={_json.dumps(TINY_DATA)}"]
+    cmd = [sys.executable, "-m", "prrfl.cli", "run", "--env", "poc", "--sites", "2", "--timeout", "600", *sets]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    seen = []
+    try:
+        for line in proc.stdout:  # until the job was submitted and runs
+            seen.append(line)
+            if "Submitted job" in line or "job id" in line.lower():
+                break
+        wait_for(lambda: list(poc.rglob("prod_00/site-1/*/log.txt")), 240, "the job to run at site-1")
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            kill_process_tree(proc.pid, grace=0)
+    out = "".join(seen) + rest
+    assert proc.returncode == 130, out[-4000:]
+    assert "prrfl: interrupted" in out and "--resume auto" in out, out[-2000:]
+    assert not our_processes(str(poc)), "POC processes left running"

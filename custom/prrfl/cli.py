@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -412,5 +416,25 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(lambda: args.func(args), args.traceback)
 
 
+LINGER_SECONDS = 10.0  # how long the command waits at its end for threads a library left running
+
+
+def console() -> None:
+    """The `prrfl` command: `main`, then the process ends with its status. A library may leave threads running
+    (FLARE's admin session keeps retrying a server that a Ctrl-C has just stopped); the command does not wait for
+    them for more than a few seconds: after an interruption not at all, otherwise LINGER_SECONDS."""
+    status = main()
+    deadline = time.monotonic() + (0.0 if status == 130 else LINGER_SECONDS)
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
