@@ -222,17 +222,16 @@ def end_site_with_simulator() -> threading.Thread | None:
 
 
 def end_simulator_with_its_command() -> threading.Thread | None:
-    """In the simulator's server process: when the command that started it (its parent, `nvflare simulator` or a
-    job script) is gone, end the sites' processes and this one, rather than run the job on headless."""
+    """In the simulator's server process: when the command that started it is gone, end the sites' processes,
+    the command's other forks and this process, rather than run the job on headless. FLARE's simulator forks
+    the server (and a helper) from the command's process, so this watches only a parent whose command line is
+    this process's own: a server running inside another program (whose parent is a shell) is left alone."""
     try:
         me = psutil.Process()
         parent = me.parent()
+        if parent is None or parent.pid == 1 or parent.cmdline() != me.cmdline():
+            return None
+        forks = [p for p in parent.children() if p.pid != me.pid and p.cmdline() == me.cmdline()]
     except psutil.Error:
         return None
-    if parent is None or parent.pid == 1:
-        return None
-    try:  # the command's other processes (FLARE's simulator forks a helper beside this one), then this one
-        siblings = [p for p in parent.children() if p.pid != me.pid]
-    except psutil.Error:
-        siblings = []
-    return watch_parent("the command that started the simulator", parent, [*siblings, me])
+    return watch_parent("the command that started the simulator", parent, [*forks, me])
