@@ -186,9 +186,11 @@ def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path
 
 
 @pytest.mark.e2e
-def test_ctrl_c_of_prrfl_run_on_pocenv_returns_promptly_with_the_resume_line(tmp_path):
-    """Ctrl-C of `prrfl run --env poc` mid-job: every POC process is stopped and the command returns 130 within
-    a minute with the line that says how to go on, rather than hanging on FLARE's connection retries."""
+@pytest.mark.parametrize("moment", ["starting", "running"])
+def test_ctrl_c_of_prrfl_run_on_pocenv_returns_promptly_with_the_resume_line(tmp_path, moment):
+    """Ctrl-C of `prrfl run --env poc` mid-job (or while the job is still being submitted, on a loaded machine):
+    every POC process is stopped and the command returns 130 with the line that says how to go on, rather than
+    hanging on FLARE's connection retries or leaving the POC running."""
     import json as _json
 
     from conftest import TINY_DATA
@@ -198,19 +200,25 @@ def test_ctrl_c_of_prrfl_run_on_pocenv_returns_promptly_with_the_resume_line(tmp
     sets = ["--set=num_rounds=50", "--set=local_epochs=1", f"--set=data={_json.dumps(TINY_DATA)}"]
     cmd = [sys.executable, "-m", "prrfl.cli", "run", "--env", "poc", "--sites", "2", "--timeout", "600", *sets]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
-    seen = []
+    seen, rest, left = [], "", []
     try:
-        for line in proc.stdout:  # until the job was submitted and runs
-            seen.append(line)
-            if "Submitted job" in line or "job id" in line.lower():
-                break
-        wait_for(lambda: list(poc.rglob("prod_00/site-1/*/log.txt")), 240, "the job to run at site-1")
+        if moment == "starting":  # the POC's server is up, the job not yet submitted or deployed
+            wait_for(lambda: list(poc.rglob("prod_00/server/log.txt")), 240, "the POC server to start")
+        else:
+            for line in proc.stdout:  # until the job was submitted and runs
+                seen.append(line)
+                if "Submitted job" in line or "job id" in line.lower():
+                    break
+            wait_for(lambda: list(poc.rglob("prod_00/site-1/*/log.txt")), 240, "the job to run at site-1")
         proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=90)
+        rest, _ = proc.communicate(timeout=180)  # FLARE's POC stop, then 30 s for its processes: margin for a loaded machine
     finally:
         if proc.poll() is None:
             kill_process_tree(proc.pid, grace=0)
+        left = our_processes(str(poc))
+        for p in left:  # never leave a POC behind for the next test, even when this one fails
+            kill_process_tree(p.pid, grace=0)
     out = "".join(seen) + rest
     assert proc.returncode == 130, out[-4000:]
     assert "prrfl: interrupted" in out and "--resume auto" in out, out[-2000:]
-    assert not our_processes(str(poc)), "POC processes left running"
+    assert not left, "POC processes left running"

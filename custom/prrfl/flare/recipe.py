@@ -24,6 +24,7 @@ import contextlib
 import functools
 import inspect
 import json
+import logging
 import shutil
 import signal
 import tempfile
@@ -68,6 +69,8 @@ PRIVACY_FILTERS = {
     # differential privacy by the sparse vector technique: a noisy 10 % of the diff
     "svt": functools.partial(SVTPrivacy, data_kinds=[DataKind.WEIGHT_DIFF]),
 }
+
+log = logging.getLogger(__name__)
 
 
 def recipe_config(
@@ -316,6 +319,19 @@ def end_poc_processes(poc_workspace: str | Path, timeout: float = 30.0) -> list[
     return [p.pid for p in left]
 
 
+def stop_poc(env: ExecEnv) -> None:
+    """A PocEnv's deployment stopped (FLARE's stop, then every process of it ended: `end_poc_processes`);
+    nothing for another environment."""
+    from nvflare.recipe import PocEnv
+
+    if isinstance(env, PocEnv):
+        try:
+            env.stop(clean_up=False)
+        except Exception as e:  # noqa: BLE001 - the processes are ended below whatever FLARE's stop did
+            log.warning("FLARE's POC stop failed (%s); ending its processes", e)
+        end_poc_processes(env.poc_workspace)
+
+
 @contextlib.contextmanager
 def interrupts() -> Iterator[list[int]]:
     """A list that gets an entry when SIGINT (Ctrl-C) arrives while the block runs; the signal is then handled
@@ -365,8 +381,12 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
             run = recipe.run(env)
     except RuntimeError as e:  # SimEnv: the simulator exited non-zero; Poc/ProdEnv: the submission failed
         if interrupted:  # Ctrl-C ended the simulator ("return code -9"): an interruption, not a failure
+            stop_poc(env)
             raise KeyboardInterrupt from e
         raise CommandFailed(f"job {recipe.name}: {e}") from e
+    except KeyboardInterrupt:  # Ctrl-C while the POC starts or the job is submitted: the POC it started stops too
+        stop_poc(env)
+        raise
     if isinstance(env, SimEnv):
         status, result = "FINISHED:COMPLETED", env.get_job_result(run.get_job_id())
     else:
