@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +188,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """A job's recipe on a FLARE environment (SimEnv, PocEnv, ProdEnv), to the end; prints the table."""
-    from prrfl.flare.recipe import PersonalizedRecipe, environment, recipe_config, result_tables, run_recipe
+    from prrfl.flare.recipe import PersonalizedRecipe, environment, recipe_config, result_tables, run_recipe, stop_poc
     from prrfl.registry import task_class
 
     name, cfg = recipe_config(args.job, args.task, args.method, None, apply_overrides({}, args.set))
@@ -202,9 +205,10 @@ def _run(args: argparse.Namespace) -> int:
     )
     env = environment(args.env, sites, args.workspace, args.threads, args.gpu, args.startup_kit, args.username)
     try:
-        status, result, _ = run_recipe(recipe, env, args.timeout)
+        with interrupt_deadline(lambda: stop_poc(env), RESUME_HINT):
+            status, result, _ = run_recipe(recipe, env, args.timeout)
     except KeyboardInterrupt as e:  # also a simulator that Ctrl-C ended ("return code -9")
-        raise Interrupted("run the same command with --resume auto to continue from the last completed round") from e
+        raise Interrupted(RESUME_HINT) from e
     print(f"{recipe.name} on {args.env}: {status}; results in {result}\n\n{result_tables(result)}", flush=True)
     return 0
 
@@ -417,6 +421,47 @@ def main(argv: list[str] | None = None) -> int:
 
 
 LINGER_SECONDS = 10.0  # how long the command waits at its end for threads a library left running
+
+
+RESUME_HINT = "run the same command with --resume auto to continue from the last completed round"
+INTERRUPT_GRACE = 60.0  # seconds a Ctrl-C may take to unwind through FLARE's code before the command ends itself
+
+
+@contextlib.contextmanager
+def interrupt_deadline(cleanup: Callable[[], None], hint: str, grace: float = INTERRUPT_GRACE) -> Iterator[None]:
+    """A Ctrl-C in the block raises KeyboardInterrupt as usual; should that not end the block within `grace`
+    seconds (a library that catches it, or waits on a server the Ctrl-C has stopped), `cleanup` runs, the
+    interrupted line is printed and the process ends with status 130. Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    timers: list[threading.Timer] = []
+
+    def give_up() -> None:
+        try:
+            cleanup()
+        finally:
+            print(f"prrfl: interrupted; {hint}", file=sys.stderr, flush=True)
+            os._exit(130)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if not timers:
+            timers.append(threading.Timer(grace, give_up))
+            timers[0].daemon = True
+            timers[0].start()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for timer in timers:
+            timer.cancel()
 
 
 def console() -> None:
