@@ -211,7 +211,7 @@ def test_ctrl_c_of_prrfl_run_on_pocenv_returns_promptly_with_the_resume_line(tmp
                     break
             wait_for(lambda: list(poc.rglob("prod_00/site-1/*/log.txt")), 240, "the job to run at site-1")
         proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=180)  # FLARE's POC stop, then 30 s for its processes: margin for a loaded machine
+        rest, _ = proc.communicate(timeout=240)  # at most 60 s (prrfl.cli.interrupt_deadline) + the POC stop: loaded-machine margin
     finally:
         if proc.poll() is None:
             kill_process_tree(proc.pid, grace=0)
