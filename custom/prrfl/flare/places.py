@@ -43,8 +43,7 @@ def default_state_dir(workspace_root: Path, participant: str, run_name: str, job
     """workspace_root: this participant's FLARE workspace (`<simulator workspace>/<participant>` in the
     simulator, the startup kit's folder in a deployment)."""
     if in_simulator(job_id):
-        simulator_root = Path(workspace_root).resolve().parent
-        return simulator_root.with_name(simulator_root.name + STATE_SUFFIX) / participant / run_name
+        return simulator_state_root(Path(workspace_root).resolve().parent) / participant / run_name
     return output_dir(workspace_root, run_name)
 
 
@@ -92,8 +91,13 @@ def lock_file(workspace_root: Path, state_dir: Path, job_id: str | None) -> Path
 
 def simulator_lock_file(simulator_workspace: Path) -> Path:
     """The lock of a simulator workspace (`-w`), beside it with the state: `<ws>.state/running.lock`."""
+    return simulator_state_root(simulator_workspace) / "running.lock"
+
+
+def simulator_state_root(simulator_workspace: Path) -> Path:
+    """`<ws>.state`, beside a simulator workspace `<ws>` (`-w`): where every run there keeps its state."""
     simulator_workspace = Path(simulator_workspace).resolve()
-    return simulator_workspace.with_name(simulator_workspace.name + STATE_SUFFIX) / "running.lock"
+    return simulator_workspace.with_name(simulator_workspace.name + STATE_SUFFIX)
 
 
 RUNNING_MARKER = ".prrfl-running"

@@ -118,7 +118,7 @@ class PersonalizedWorkflow(PerClientController):
                 lost = (
                     f". FLARE's simulator empties its workspace before any job code runs, so the running job's files in {ws} "
                     f"(logs, TensorBoard events, FLARE's cross-site results) are gone; its checkpoints and results in "
-                    f"{ws.with_name(ws.name + places.STATE_SUFFIX)} are not. `prrfl run` refuses before the simulator starts"
+                    f"{places.simulator_state_root(ws)} are not. `prrfl run` refuses before the simulator starts"
                 )
                 self.panic(f"the job cannot start: {places.busy_message(f'the simulator workspace {ws}', e.holder)}{lost}")
             else:
