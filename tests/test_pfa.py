@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -430,3 +432,17 @@ def test_outputs_are_contiguous_for_serialisation():
     for layout in ("paper", "authors"):
         for out in pfa_aggregate(states, 0.4, conv_layout=layout, classifier_key="fc.weight"):
             assert all(t.is_contiguous() for t in out.values())
+
+
+def test_a_negative_real_coefficient_has_phase_pi_whatever_its_rounding():
+    # the mean phase tells pi from -pi: two sites whose DC is -4 must share the phase pi (mean pi), not pi and -pi
+    # (mean 0, which would turn the shared DC into +4); an FFT leaves +-0.0 or +-1e-17 there by library
+    from prrfl.algorithms.pfa import _make_real_where_self_conjugate, _phase
+
+    z = torch.complex(torch.tensor([-4.0, -4.0], dtype=torch.float64), torch.tensor([0.0, -0.0], dtype=torch.float64))
+    assert _phase(z).tolist() == [math.pi, math.pi]
+    half = torch.complex(-torch.ones(2, 4, 3, dtype=torch.float64), torch.full((2, 4, 3), -1e-17, dtype=torch.float64))
+    _make_real_where_self_conjugate(half, (4, 4), centred=False)  # DC and Nyquist rows x columns 0 and 2
+    assert (half.imag == 0).nonzero()[:, 1:].unique(dim=0).tolist() == [[0, 0], [0, 2], [2, 0], [2, 2]]
+    constant = -torch.ones(2, 4, 4, dtype=torch.float64)
+    torch.testing.assert_close(fourier_mix(constant, 0.5), constant, rtol=0, atol=1e-15)
