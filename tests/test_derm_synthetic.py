@@ -223,3 +223,37 @@ def test_generation_is_atomic(tmp_path, monkeypatch):
         generate_synthetic(out, scale=0.005, image_size=(48, 36), sites=("A",))
     generate_synthetic(out, scale=0.005, image_size=(48, 36), sites=("A",), seed=1, overwrite=True)
     assert '"seed": 1' in (out / "synthetic.json").read_text()
+
+
+def test_a_site_shift_scales_each_cohorts_departure_from_the_average_dermoscope():
+    from prrfl.data.derm.acquisition import SITE_PROFILES, shifted
+
+    a, b = SITE_PROFILES["A"], SITE_PROFILES["B"]
+    assert shifted(a, 1.0) is a
+    # gamma: geometric mean of A-D's 1.0, 1.15, 0.95, 1.05 = (1.0 * 1.15 * 0.95 * 1.05) ** 0.25 = 1.03610...
+    ref = (1.0 * 1.15 * 0.95 * 1.05) ** 0.25
+    assert shifted(b, 2.0).gamma == pytest.approx(ref * (1.15 / ref) ** 2)
+    assert shifted(b, 0.0).gamma == pytest.approx(ref) == shifted(a, 0.0).gamma
+    # the cast's blue channel: arithmetic mean of -0.01, 0.04, -0.02, 0.02 = 0.0075; B at shift 2: 0.0075 + 2 * 0.0325
+    assert shifted(b, 2.0).cast[2] == pytest.approx(0.0725)
+    assert shifted(b, 2.0).jpeg_quality == round(86.25 + 2 * (80 - 86.25))
+    # what is photographed does not change: skin tones, hair, the field stop
+    assert (shifted(b, 3.0).skin, shifted(b, 3.0).hair, shifted(b, 3.0).ring_p) == (b.skin, b.hair, b.ring_p)
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="shift"):
+            shifted(a, bad)
+
+
+def test_at_shift_0_the_cohorts_photograph_alike_and_at_2_they_differ_more():
+    # mean colour of each cohort's images of the same planned lesions: the spread between cohorts shrinks at 0, grows at 2
+    items = [i for i in plan_federation(0.02, 0, sites=("A", "B", "C", "D"), distractors=False)]
+    chosen = {s: [i for i in items if i.site == s][:4] for s in ("A", "B", "C", "D")}
+
+    def spread(shift):
+        means = [
+            np.mean([np.asarray(render_synthetic_image(i, 96, 72, shift), dtype=float).mean((0, 1)) for i in chosen[s]], 0) for s in chosen
+        ]
+        return float(np.std(means, axis=0).mean())
+
+    s0, s1, s2 = spread(0.0), spread(1.0), spread(2.0)
+    assert s0 < s1 < s2

@@ -728,3 +728,34 @@ def test_the_site_table_and_the_scanner_profiles_agree_on_the_endorectal_coil():
         == {n for n, p in SCANNER_PROFILES.items() if p.endorectal}
         == {"BMC", "BIDMC", "HK"}
     )
+
+
+def test_a_site_shift_scales_each_scanners_departure_from_the_average_one():
+    from prrfl.data.prostate.scanner import SCANNER_PROFILES, shifted
+
+    bmc, runmc = SCANNER_PROFILES["BMC"], SCANNER_PROFILES["RUNMC"]
+    assert shifted(bmc, 1.0) is bmc
+    # gamma: geometric mean of RUNMC 1.0, BMC 1.25, UCL 0.9, BIDMC 1.1, HK 0.85
+    ref = (1.0 * 1.25 * 0.9 * 1.1 * 0.85) ** 0.2
+    assert shifted(bmc, 2.0).gamma == pytest.approx(ref * (1.25 / ref) ** 2)
+    assert shifted(bmc, 0.0).gamma == pytest.approx(ref) == shifted(runmc, 0.0).gamma
+    # the measured k-space fraction is additive: mean of 0.85, 0.58, 0.75, 0.6, 0.8 = 0.716; BMC at 2: 0.716 - 2 * 0.136
+    assert shifted(bmc, 2.0).acquired == pytest.approx(0.444)
+    # the flare's gain among the coil sites only (BMC 2.6, BIDMC 3.5, HK 3.0); a site without a coil keeps none
+    coil_ref = (2.6 * 3.5 * 3.0) ** (1 / 3)
+    assert shifted(bmc, 0.0).coil_gain == pytest.approx(coil_ref)
+    assert shifted(runmc, 3.0).coil_gain == 0.0
+    # the protocol is not scaled
+    for field in ("field_t", "endorectal", "protocols", "thickness", "slices", "artefact", "prostate_share"):
+        assert getattr(shifted(bmc, 3.0), field) == getattr(bmc, field)
+    with pytest.raises(ValueError, match="shift"):
+        shifted(bmc, -1.0)
+
+
+def test_shift_1_renders_the_same_voxels_and_another_shift_other_ones():
+    plan = plan_case("BMC", 0, 3, max_matrix=32)
+    default = synthesize_case(plan)
+    np.testing.assert_array_equal(synthesize_case(plan, 1.0).image, default.image)
+    other = synthesize_case(plan, 2.0)
+    np.testing.assert_array_equal(other.mask, default.mask)  # the anatomy is the same
+    assert not np.array_equal(other.image, default.image)

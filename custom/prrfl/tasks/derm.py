@@ -33,6 +33,7 @@ class DermData(TypedDict):
     synthetic_scale: float
     synthetic_seed: int
     synthetic_raw_size: tuple[int, int]
+    synthetic_shift: float
     split_seed: int
     group_by: Literal["image", "lesion"]
     heldout_min_per_class: int
@@ -43,6 +44,7 @@ DEFAULT_DATA: dict[str, Any] = {
     "synthetic_scale": 0.08,  # fraction of the Table I sizes; 1.0 = full size
     "synthetic_seed": 0,
     "synthetic_raw_size": [300, 225],  # JPEG size written by the generator (HAM10000: 600x450)
+    "synthetic_shift": 1.0,  # how much the cohorts' acquisitions differ (prrfl.data.derm.acquisition.shifted)
     "split_seed": 0,
     "group_by": "image",  # "lesion": keep all images of a lesion in one split
     # M: every class has >= M images in each site's valid and test split (and in train): one image
@@ -78,6 +80,7 @@ class DermTask(ClassificationTask):
             "synthetic_scale": (0 < d["synthetic_scale"] < math.inf, "a number > 0"),
             "synthetic_raw_size": (min(d["synthetic_raw_size"]) >= 1, "a list of 2 positive integers (width, height)"),
             "synthetic_seed": (d["synthetic_seed"] >= 0, "an integer >= 0"),  # numpy seeds are non-negative
+            "synthetic_shift": (0 <= d["synthetic_shift"] < math.inf, "a number >= 0"),
             "split_seed": (d["split_seed"] >= 0, "an integer >= 0"),
             "heldout_min_per_class": (d["heldout_min_per_class"] >= 1, "an integer >= 1"),
         }
@@ -114,6 +117,7 @@ class DermTask(ClassificationTask):
                 scale=d["synthetic_scale"],
                 seed=d["synthetic_seed"],
                 raw_size=tuple(d["synthetic_raw_size"]),
+                shift=d["synthetic_shift"],
                 size=d["image_size"],
                 split_seed=d["split_seed"],
                 group_by=d["group_by"],

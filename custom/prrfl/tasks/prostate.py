@@ -40,6 +40,7 @@ class ProstateData(TypedDict):
     synthetic_scale: float
     synthetic_seed: int
     synthetic_matrix_scale: float
+    synthetic_shift: float
     split_seed: int
     split_min_valid_cases: int
     augmentation: Literal["paper", "extended"]
@@ -51,6 +52,7 @@ DEFAULT_DATA: dict[str, Any] = {
     "prototype_pooling": "area",  # "sum": the authors' unnormalised masked pooling
     "synthetic_scale": 0.3,  # fraction of the Table I case counts (at least 3 cases per site); 1.0 = full size
     "synthetic_seed": 0,
+    "synthetic_shift": 1.0,  # how much the sites' acquisitions differ (prrfl.data.prostate.scanner.shifted)
     "synthetic_matrix_scale": 1 / 3,  # in-plane matrix of the generated volumes: 1.0 = the scanners' 384-512 px
     "split_seed": 0,
     # validation cases per site at least, wherever its training split keeps 3 (prrfl.data.prostate.splitting);
@@ -82,6 +84,7 @@ class ProstateTask(SegmentationTask):
             "synthetic_scale": (0 < d["synthetic_scale"] < math.inf, "a number > 0"),
             "synthetic_matrix_scale": (0 < d["synthetic_matrix_scale"] <= 2, "a number in (0, 2]"),
             "synthetic_seed": (d["synthetic_seed"] >= 0, "an integer >= 0"),
+            "synthetic_shift": (0 <= d["synthetic_shift"] < math.inf, "a number >= 0"),
             "split_seed": (d["split_seed"] >= 0, "an integer >= 0"),
             "split_min_valid_cases": (d["split_min_valid_cases"] >= 1, "an integer >= 1"),
         }
@@ -124,6 +127,7 @@ class ProstateTask(SegmentationTask):
                 split_seed=d["split_seed"],
                 min_valid_cases=d["split_min_valid_cases"],
                 matrix_scale=d["synthetic_matrix_scale"],
+                shift=d["synthetic_shift"],
                 workers=workers,
             )
         )

@@ -10,7 +10,7 @@ the file is written.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -47,6 +47,47 @@ SITE_PROFILES: dict[str, SiteProfile] = {
     # ViDIR legacy (vienna_dias): old scanned dermoscopy slides: yellow, low contrast, blurred, ring.
     "OOD": SiteProfile((1.1, 1.0, 0.8), (0.04, 0.03, -0.03), 1.25, 0.85, 0.2, 0.4, 1.0, 0.8, 2.0, 0.035, 0.9, 1.0, 70, (0.1, 0.5)),
 }
+
+
+FEDERATED_SITES = ("A", "B", "C", "D")
+
+
+def shifted(profile: SiteProfile, shift: float) -> SiteProfile:
+    """`profile` with its acquisition's departure from the federation's average dermoscope times `shift`.
+
+    The average is taken over the federated cohorts A-D: the geometric mean of the multiplicative settings
+    (white balance gains, gamma, contrast, blur, sensor noise, zoom) and the arithmetic mean of the additive
+    ones (colour cast, illumination gradient, vignetting, JPEG quality). `shift` 1 is the profile itself,
+    0 gives every cohort the same acquisition (only the population differs: skin tones, hair, class mix), 2
+    doubles every difference (on the log scale for the multiplicative settings), and so on. The field stop
+    (ring) and what is photographed (skin, hair) are not acquisition settings a shift scales."""
+    if not (shift >= 0 and math.isfinite(shift)):
+        raise ValueError(f"shift must be a finite number >= 0, got {shift}")
+    if shift == 1:
+        return profile
+    sites = [SITE_PROFILES[s] for s in FEDERATED_SITES]
+
+    def geometric(value: float, values: list[float]) -> float:
+        ref = math.exp(sum(math.log(v) for v in values) / len(values))
+        return ref * (value / ref) ** shift
+
+    def arithmetic(value: float, values: list[float], lo: float, hi: float) -> float:
+        ref = sum(values) / len(values)
+        return min(hi, max(lo, ref + shift * (value - ref)))
+
+    return replace(
+        profile,
+        gains=tuple(geometric(g, [p.gains[c] for p in sites]) for c, g in enumerate(profile.gains)),
+        cast=tuple(arithmetic(v, [p.cast[c] for p in sites], -0.25, 0.25) for c, v in enumerate(profile.cast)),
+        gamma=geometric(profile.gamma, [p.gamma for p in sites]),
+        contrast=geometric(profile.contrast, [p.contrast for p in sites]),
+        illumination=arithmetic(profile.illumination, [p.illumination for p in sites], 0.0, 0.6),
+        vignette=arithmetic(profile.vignette, [p.vignette for p in sites], 0.0, 0.9),
+        blur=geometric(profile.blur, [p.blur for p in sites]),
+        noise=geometric(profile.noise, [p.noise for p in sites]),
+        zoom=geometric(profile.zoom, [p.zoom for p in sites]),
+        jpeg_quality=round(arithmetic(profile.jpeg_quality, [p.jpeg_quality for p in sites], 20, 100)),
+    )
 
 
 @lru_cache(maxsize=8)

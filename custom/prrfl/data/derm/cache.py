@@ -30,6 +30,7 @@ def ensure_synthetic_federation(
     scale: float,
     seed: int,
     raw_size: Sequence[int] = (300, 225),
+    shift: float = 1.0,
     size: int = 64,
     split_seed: int = 0,
     group_by: Literal["image", "lesion"] = "image",
@@ -55,6 +56,7 @@ def ensure_synthetic_federation(
         "group_by": group_by,
         "split": [float(f) for f in split],
         "heldout_min_per_class": int(heldout_min_per_class),
+        **({} if shift == 1 else {"shift": float(shift)}),  # the key of a federation built before shifts existed stays
     }
     key = federation_key(params, generator=GENERATOR_VERSION, prepared_format=FORMAT)
     return cached_federation(
@@ -69,6 +71,7 @@ def ensure_synthetic_federation(
             heldout_min_per_class=heldout_min_per_class,
             workers=workers,
             overwrite=True,
+            shift=float(shift),
         ),
         prepare=lambda raw, out: prepare_dermoscopy(
             raw,

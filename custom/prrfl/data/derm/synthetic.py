@@ -23,7 +23,7 @@ from threadpoolctl import threadpool_limits
 
 from prrfl.data.build import build_dir
 
-from .acquisition import SITE_PROFILES, acquire
+from .acquisition import SITE_PROFILES, acquire, shifted
 from .layout import (
     CLASS_INDEX,
     DEFAULT_LAYOUT,
@@ -44,9 +44,10 @@ log = logging.getLogger(__name__)
 DEFAULT_IMAGE_SIZE = (600, 450)  # HAM10000's width x height
 
 
-def render_synthetic_image(item: SynthImage, width: int, height: int) -> Image.Image:
-    """The picture of one planned image (deterministic in its seeds), before JPEG encoding."""
-    profile = SITE_PROFILES[item.site]
+def render_synthetic_image(item: SynthImage, width: int, height: int, shift: float = 1.0) -> Image.Image:
+    """The picture of one planned image (deterministic in its seeds), before JPEG encoding; `shift` scales the
+    cohorts' acquisition differences (acquisition.shifted)."""
+    profile = shifted(SITE_PROFILES[item.site], shift)
     spec = sample_lesion(item.kind, np.random.default_rng(item.lesion_seed))
     rng = np.random.default_rng(item.image_seed)
     img, fine = draw_skin(rng, width, height, rng.uniform(*profile.skin))
@@ -62,9 +63,10 @@ def encode_jpeg(im: Image.Image, quality: int) -> bytes:
     return buf.getvalue()
 
 
-def _write_one(task: tuple[SynthImage, int, int, str]) -> None:
-    item, width, height, path = task
-    Path(path).write_bytes(encode_jpeg(render_synthetic_image(item, width, height), SITE_PROFILES[item.site].jpeg_quality))
+def _write_one(task: tuple[SynthImage, int, int, str, float]) -> None:
+    item, width, height, path, shift = task
+    im = render_synthetic_image(item, width, height, shift)
+    Path(path).write_bytes(encode_jpeg(im, shifted(SITE_PROFILES[item.site], shift).jpeg_quality))
 
 
 def _image_path(root: Path, item: SynthImage, layout: RawLayout) -> Path:
@@ -97,7 +99,7 @@ def _single_thread_blas() -> None:
     threadpool_limits(1, user_api="blas")
 
 
-def _render_all(tasks: list[tuple[SynthImage, int, int, str]], workers: int) -> None:
+def _render_all(tasks: list[tuple[SynthImage, int, int, str, float]], workers: int) -> None:
     if workers <= 1 or len(tasks) < 100 * workers:  # below this, starting the pool costs more than it saves
         with threadpool_limits(1, user_api="blas"):
             for t in tasks:
@@ -122,6 +124,7 @@ def generate_synthetic(
     metadata_dir: str | Path | None = None,
     overwrite: bool = False,
     layout: RawLayout = DEFAULT_LAYOUT,
+    shift: float = 1.0,
 ) -> dict:
     """Write the synthetic raw layout to `out` and return the content of its synthetic.json.
 
@@ -130,8 +133,10 @@ def generate_synthetic(
     loaders must drop (other HAM10000 diagnoses, non-MSK ISIC images); `heldout_min_per_class` (M)
     sets the per-class floor of the counts (plan.table_counts: 3M per class at a training site).
     `workers` > 1 renders in spawned processes (from 100 images per worker on), so the calling
-    program's main module must be importable and guarded by `if __name__ == "__main__"`.
+    program's main module must be importable and guarded by `if __name__ == "__main__"`. `shift` scales
+    how much the cohorts' acquisitions differ (acquisition.shifted; 1 = the site profiles as written).
     """
+    shifted(SITE_PROFILES["A"], shift)  # checks the value before any work
     width, height = (int(v) for v in image_size)
     if width < 16 or height < 16:
         raise ValueError(f"image_size {image_size} is too small (at least 16x16)")
@@ -150,7 +155,7 @@ def generate_synthetic(
         (tmp / layout.ham_images).mkdir()
         (tmp / layout.isic_dir / layout.isic_images).mkdir(parents=True)
         _write_tables(tmp, items, layout)
-        _render_all([(i, width, height, str(_image_path(tmp, i, layout))) for i in items], workers)
+        _render_all([(i, width, height, str(_image_path(tmp, i, layout)), shift) for i in items], workers)
         info = {
             "generator": "prrfl.data.derm.synthetic",
             "version": GENERATOR_VERSION,
@@ -158,6 +163,7 @@ def generate_synthetic(
             "scale": scale,
             "image_size": [width, height],
             "heldout_min_per_class": heldout_min_per_class,
+            "site_shift": shift,
             "sites": list(sites),
             "counts": {
                 s: dict(zip(CLASS_INDEX, c, strict=True))

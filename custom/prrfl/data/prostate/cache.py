@@ -38,6 +38,7 @@ def ensure_synthetic_prostate(
     max_matrix: int | None = None,
     sites: Sequence[str] = TABLE_SITES,
     workers: int = 1,
+    shift: float = 1.0,
 ) -> Path:
     """The prepared root of the synthetic prostate federation with these parameters, built on first use.
 
@@ -55,6 +56,7 @@ def ensure_synthetic_prostate(
         "matrix_scale": float(matrix_scale),
         "max_matrix": None if max_matrix is None else int(max_matrix),
         "sites": list(sites),
+        **({} if shift == 1 else {"shift": float(shift)}),  # the key of a federation built before shifts existed stays
     }
     key = federation_key(params, generator=GENERATOR_VERSION, prepared_format=FORMAT)
     return cached_federation(
@@ -70,6 +72,7 @@ def ensure_synthetic_prostate(
             max_matrix=max_matrix,
             overwrite=True,
             workers=workers,
+            shift=float(shift),
         ),
         prepare=lambda raw, out: prepare_prostate(
             raw, out, size=int(size), seed=int(split_seed), split=split, sites=params["sites"], min_valid_cases=int(min_valid_cases)

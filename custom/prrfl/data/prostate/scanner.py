@@ -23,7 +23,7 @@ rounded to int16.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.fft
@@ -231,6 +231,53 @@ SCANNER_PROFILES: dict[str, ScannerProfile] = {
         prostate_share=0.018,
     ),
 }
+
+
+FEDERATED_SITES = ("RUNMC", "BMC", "UCL", "BIDMC", "HK")  # Table I's sites, whose average a shift scales from
+
+
+def shifted(profile: ScannerProfile, shift: float) -> ScannerProfile:
+    """`profile` with its acquisition's departure from the federation's average scanner times `shift`.
+
+    The average is taken over Table I's five sites: the geometric mean of the multiplicative settings (contrast
+    gamma, fat and fluid gains, noise, stored intensity range; the endorectal flare's gain and reach among the
+    coil sites) and the arithmetic mean of the additive ones (measured k-space fraction, apodisation, phased-array
+    bias). `shift` 1 is the profile itself, 0 gives every site the average acquisition, 2 doubles every difference
+    (on the log scale for the multiplicative settings), and so on. The protocol (field strength, endorectal coil or
+    not, matrix, pixel, slices), the site's own artefact and the anatomy are not scaled."""
+    if not (shift >= 0 and math.isfinite(shift)):
+        raise ValueError(f"shift must be a finite number >= 0, got {shift}")
+    if shift == 1:
+        return profile
+    sites = [SCANNER_PROFILES[s] for s in FEDERATED_SITES]
+    coils = [p for p in sites if p.coil_gain > 0]
+
+    def geometric(value: float, values: list[float]) -> float:
+        ref = math.exp(sum(math.log(v) for v in values) / len(values))
+        return ref * (value / ref) ** shift
+
+    def arithmetic(value: float, values: list[float], lo: float, hi: float) -> float:
+        ref = sum(values) / len(values)
+        return min(hi, max(lo, ref + shift * (value - ref)))
+
+    coil = {}
+    if profile.coil_gain > 0:
+        coil = {
+            "coil_gain": geometric(profile.coil_gain, [p.coil_gain for p in coils]),
+            "coil_reach_mm": geometric(profile.coil_reach_mm, [p.coil_reach_mm for p in coils]),
+        }
+    return replace(
+        profile,
+        intensity=tuple(geometric(v, [p.intensity[i] for p in sites]) for i, v in enumerate(profile.intensity)),
+        gamma=geometric(profile.gamma, [p.gamma for p in sites]),
+        fat_gain=geometric(profile.fat_gain, [p.fat_gain for p in sites]),
+        fluid_gain=geometric(profile.fluid_gain, [p.fluid_gain for p in sites]),
+        noise=geometric(profile.noise, [p.noise for p in sites]),
+        acquired=arithmetic(profile.acquired, [p.acquired for p in sites], 0.25, 1.0),
+        apodisation=arithmetic(profile.apodisation, [p.apodisation for p in sites], 0.0, 1.0),
+        array_bias=arithmetic(profile.array_bias, [p.array_bias for p in sites], 0.0, 0.9),
+        **coil,
+    )
 
 
 def _coords(grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -31,7 +31,7 @@ from prrfl.data.build import build_dir
 
 from .anatomy import Anatomy, Grid, render, sample_anatomy
 from .layout import SITE_NAMES, SYNTHETIC_MARKER, TABLE_SITES, site
-from .scanner import SCANNER_PROFILES, ScannerProfile, acquire
+from .scanner import SCANNER_PROFILES, ScannerProfile, acquire, shifted
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +148,10 @@ class SynthCase:
     anatomy: Anatomy
 
 
-def synthesize_case(plan: CasePlan) -> SynthCase:
-    """Render and acquire one planned case (deterministic in the plan)."""
-    profile = SCANNER_PROFILES[plan.site]
+def synthesize_case(plan: CasePlan, shift: float = 1.0) -> SynthCase:
+    """Render and acquire one planned case (deterministic in the plan); `shift` scales how much the sites'
+    acquisitions differ (scanner.shifted)."""
+    profile = shifted(SCANNER_PROFILES[plan.site], shift)
     _, anat_ss, tex_ss, scan_ss = _case_seed(plan.seed, plan.site, plan.index).spawn(4)
     anat = sample_anatomy(np.random.default_rng(anat_ss), plan.gland_volume_ml, endorectal=plan.endorectal)
     grid = Grid.centred(plan.matrix, plan.fov, plan.slices, plan.thickness, plan.centre)
@@ -198,9 +199,9 @@ def write_case(folder: Path, case: SynthCase, profile: ScannerProfile) -> tuple[
 
 def _write_planned(task: tuple[str, int, int, float, int | None, str]) -> dict:
     """Plan, render and write one case into its site folder; returns its synthetic.json row."""
-    site_name, index, seed, matrix_scale, max_matrix, folder = task
+    site_name, index, seed, matrix_scale, max_matrix, folder, shift = task
     plan = plan_case(site_name, index, seed, matrix_scale=matrix_scale, max_matrix=max_matrix)
-    case = synthesize_case(plan)
+    case = synthesize_case(plan, shift)
     write_case(Path(folder), case, SCANNER_PROFILES[site_name])
     row = {k: v for k, v in asdict(plan).items() if k not in ("site", "seed", "index")}
     row["spacing"] = [round(v, 4) for v in plan.spacing]
@@ -240,6 +241,7 @@ def generate_synthetic_prostate(
     min_cases: int = MIN_CASES,
     overwrite: bool = False,
     workers: int = 1,
+    shift: float = 1.0,
 ) -> dict:
     """Write the synthetic raw layout to `raw_root` and return the content of its synthetic.json.
 
@@ -247,8 +249,10 @@ def generate_synthetic_prostate(
     site protocol's (256-512 px) times `matrix_scale`, capped at `max_matrix` (the field of view
     stays, so the pixels grow). Deterministic in `seed`: the same arguments write the same bytes, whatever
     `workers` (> 1: cases rendered in spawned processes, for full-size sets; the calling program's
-    main module must then be importable and guarded by `if __name__ == "__main__"`).
+    main module must then be importable and guarded by `if __name__ == "__main__"`). `shift` scales how much
+    the sites' acquisitions differ (scanner.shifted; 1 = the scanner profiles as written).
     """
+    shifted(SCANNER_PROFILES["RUNMC"], shift)  # checks the value before any work
     if not matrix_scale > 0:
         raise ValueError(f"matrix_scale must be > 0, got {matrix_scale}")
     if max_matrix is not None and max_matrix < 16:
@@ -266,7 +270,7 @@ def generate_synthetic_prostate(
         tasks = []
         for s in names:
             (tmp / s).mkdir()
-            tasks += [(s, i, int(seed), float(matrix_scale), max_matrix, str(tmp / s)) for i in range(counts[s])]
+            tasks += [(s, i, int(seed), float(matrix_scale), max_matrix, str(tmp / s), float(shift)) for i in range(counts[s])]
         rows = _write_all(tasks, workers)
         cases: dict[str, list[dict]] = {s: [] for s in names}
         for task, row in zip(tasks, rows, strict=True):
@@ -279,6 +283,7 @@ def generate_synthetic_prostate(
             "matrix_scale": float(matrix_scale),
             "max_matrix": max_matrix,
             "min_cases": int(min_cases),
+            "site_shift": float(shift),
             "sites": names,
             "counts": counts,
             "mask_tags": {s: SCANNER_PROFILES[s].mask_tag for s in names},

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Calibration runs of the synthetic federations' site shift (`data.synthetic_shift`): the papers' baselines only
+# (FedAvg, FedBN, SiloBN, FedProx, IDA; never PRR or another method the bench judges), one `prrfl sweep` per
+# (task, shift), all of them side by side, each running its methods one after the other. Each federation is built
+# first (all of them at once, 2 workers each). Every run keeps its results.json with the settings it ran under.
+#
+#   SHIFTS="1 2 3" TASKS="derm prostate" SEEDS=0 PROFILE=bench bash benchmarks/shift_grid.sh <workdir>
+#
+# METHODS (default "fedavg,fedbn,silobn,fedprox,ida") and EXTRA (more `--set KEY=VALUE` for every run, e.g.
+# "--set num_rounds=1") may be set too. `prrfl report <workdir>/<task>_shift<s>/*_s[0-9]` tables each (task, shift).
+set -euo pipefail
+WORK=${1:?usage: shift_grid.sh <workdir>}
+SHIFTS=${SHIFTS:-1 2 3}
+TASKS=${TASKS:-derm prostate}
+SEEDS=${SEEDS:-0}
+PROFILE=${PROFILE:-bench}
+METHODS=${METHODS:-fedavg,fedbn,silobn,fedprox,ida}
+EXTRA=${EXTRA:-}
+PY=${PYTHON:-python3}
+mkdir -p "$WORK"
+export PYTHONUNBUFFERED=1 PRRFL_CACHE=${PRRFL_CACHE:-$WORK/cache}
+case " $METHODS " in *prr*|*fml*|*fedproto*|*fca*|*harmofl*) echo "shift_grid.sh calibrates on the baselines only, not $METHODS" >&2; exit 2 ;; esac
+pids=()
+for task in $TASKS; do
+  for s in $SHIFTS; do
+    $PY -m prrfl.cli data build "${task}_fedavg" --profile "$PROFILE" --set data.synthetic_shift="$s" $EXTRA --workers 2 \
+      > "$WORK/build_${task}_shift$s.log" 2>&1 &
+    pids+=($!)
+  done
+done
+for p in "${pids[@]}"; do wait "$p"; done
+echo "federations built: $(date -u +%T)"
+pids=()
+for task in $TASKS; do
+  sites=$([ "$task" = prostate ] && echo 5 || echo 4)
+  for s in $SHIFTS; do
+    $PY -m prrfl.cli sweep --task "$task" --profile "$PROFILE" --methods "$METHODS" --seeds "$SEEDS" --sites "$sites" \
+      --workspace "$WORK/${task}_shift$s" --set data.synthetic_shift="$s" $EXTRA > "$WORK/sweep_${task}_shift$s.log" 2>&1 &
+    pids+=($!)
+  done
+done
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+echo "sweeps done: $(date -u +%T) (status $status)"
+exit $status
