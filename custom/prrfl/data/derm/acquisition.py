@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 from PIL import Image, ImageFilter
+
+from prrfl.data import shift as shifting
 
 
 @dataclass(frozen=True)
@@ -61,19 +63,11 @@ def shifted(profile: SiteProfile, shift: float) -> SiteProfile:
     0 gives every cohort the same acquisition (only the population differs: skin tones, hair, class mix), 2
     doubles every difference (on the log scale for the multiplicative settings), and so on. The field stop
     (ring) and what is photographed (skin, hair) are not acquisition settings a shift scales."""
-    if not (shift >= 0 and math.isfinite(shift)):
-        raise ValueError(f"shift must be a finite number >= 0, got {shift}")
+    shifting.check_shift(shift)
     if shift == 1:
         return profile
     sites = [SITE_PROFILES[s] for s in FEDERATED_SITES]
-
-    def geometric(value: float, values: list[float]) -> float:
-        ref = math.exp(sum(math.log(v) for v in values) / len(values))
-        return ref * (value / ref) ** shift
-
-    def arithmetic(value: float, values: list[float], lo: float, hi: float) -> float:
-        ref = sum(values) / len(values)
-        return min(hi, max(lo, ref + shift * (value - ref)))
+    geometric, arithmetic = partial(shifting.geometric, shift), partial(shifting.arithmetic, shift)
 
     return replace(
         profile,

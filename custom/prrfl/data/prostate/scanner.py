@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import scipy.fft
+
+from prrfl.data import shift as shifting
 
 from .anatomy import Anatomy, Grid, body_wall_signal
 
@@ -245,20 +248,12 @@ def shifted(profile: ScannerProfile, shift: float) -> ScannerProfile:
     bias). `shift` 1 is the profile itself, 0 gives every site the average acquisition, 2 doubles every difference
     (on the log scale for the multiplicative settings), and so on. The protocol (field strength, endorectal coil or
     not, matrix, pixel, slices), the site's own artefact and the anatomy are not scaled."""
-    if not (shift >= 0 and math.isfinite(shift)):
-        raise ValueError(f"shift must be a finite number >= 0, got {shift}")
+    shifting.check_shift(shift)
     if shift == 1:
         return profile
     sites = [SCANNER_PROFILES[s] for s in FEDERATED_SITES]
     coils = [p for p in sites if p.coil_gain > 0]
-
-    def geometric(value: float, values: list[float]) -> float:
-        ref = math.exp(sum(math.log(v) for v in values) / len(values))
-        return ref * (value / ref) ** shift
-
-    def arithmetic(value: float, values: list[float], lo: float, hi: float) -> float:
-        ref = sum(values) / len(values)
-        return min(hi, max(lo, ref + shift * (value - ref)))
+    geometric, arithmetic = partial(shifting.geometric, shift), partial(shifting.arithmetic, shift)
 
     coil = {}
     if profile.coil_gain > 0:
