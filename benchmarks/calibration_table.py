@@ -1,0 +1,96 @@
+"""Every kept calibration run in one table per task, and the gaps the calibration targets (docs/calibration.md).
+
+Reads <root>/<device>/<task>_shift<s>/<method>_s<seed>/ as benchmarks/keep_results.py keeps a sweep of
+benchmarks/shift_grid.sh (plain or gzip-compressed results.json), and prints, per task: each run's test metric of
+the papers' tables (F1; Dice per slice) at every site's best validation round and their mean, with the commit the
+run was made with; then, per (device, shift, seed), each baseline's mean minus FedAvg's, beside the paper's gap.
+A gap is read between runs of one device: GPU and CPU runs of one seed do not give the same numbers.
+
+    python benchmarks/calibration_table.py [docs/results/calibration]
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from prrfl.storage import find_json, load_json
+
+METRIC = {"derm": "f1", "prostate": "slice_dice"}
+# TMI 2022 Tables II and III: each baseline's mean minus FedAvg's (FedAvg: dermoscopy 51.64 F1, prostate 69.11 Dice)
+PAPER_GAP = {
+    "derm": {"fedbn": 60.96 - 51.64, "silobn": 57.63 - 51.64, "fedprox": 49.11 - 51.64, "ida": 49.64 - 51.64},
+    "prostate": {"fedbn": 74.26 - 69.11, "silobn": 73.16 - 69.11},
+}
+RUN = re.compile(r"(?P<method>[a-z0-9]+)_s(?P<seed>\d+)$")
+FOLDER = re.compile(r"(?P<task>[a-z]+)_shift(?P<shift>[0-9.]+)$")
+
+
+def runs(root: Path) -> list[dict]:
+    found = []
+    for server in find_json(root, "results.json", recursive=True):
+        if server.parent.name != "simulate_job":
+            continue
+        run_dir = server.parents[2]
+        run, folder = RUN.match(run_dir.name), FOLDER.match(run_dir.parent.name)
+        if not (run and folder):
+            continue
+        task = folder["task"]
+        sites = load_json(server)["sites"]
+        site_files = find_json(run_dir, "results.json", recursive=True)
+        commit = next((load_json(p).get("code_commit") for p in site_files if p.parent.name != "simulate_job"), None)
+        scores = {v["cohort"]: v["best"]["test"][METRIC[task]] for v in sites.values() if v.get("best")}
+        found.append(
+            {
+                "device": run_dir.parents[1].name,
+                "task": task,
+                "shift": float(folder["shift"]),
+                "method": run["method"],
+                "seed": int(run["seed"]),
+                "commit": (commit or "?")[:7],
+                "sites": scores,
+                "mean": sum(scores.values()) / len(scores) if scores else float("nan"),
+                "done": (run_dir.parent / f"{run_dir.name}.done.json").is_file(),
+            }
+        )
+    return sorted(found, key=lambda r: (r["task"], r["device"], r["shift"], r["seed"], r["method"]))
+
+
+def tables(found: list[dict]) -> list[str]:
+    lines = []
+    for task in sorted({r["task"] for r in found}):
+        mine = [r for r in found if r["task"] == task]
+        cohorts = list(dict.fromkeys(c for r in mine for c in r["sites"]))
+        lines += [f"## {task}: test {METRIC[task]} at each site's best validation round", ""]
+        lines += ["| device | commit | shift | seed | method | " + " | ".join(cohorts) + " | mean |"]
+        lines += ["|---" * (6 + len(cohorts)) + "|"]
+        for r in mine:
+            cells = " | ".join(f"{r['sites'][c]:.2f}" if c in r["sites"] else "–" for c in cohorts)
+            mark = "" if r["done"] else " (no done marker)"
+            lines.append(
+                f"| {r['device']} | {r['commit']} | {r['shift']:g} | {r['seed']} | {r['method']}{mark} | {cells} | {r['mean']:.2f} |"
+            )
+        lines += ["", "Each baseline's mean minus FedAvg's of the same device, shift and seed (the paper's gap in brackets):", ""]
+        groups: dict[tuple, dict[str, float]] = defaultdict(dict)
+        for r in mine:
+            groups[(r["device"], r["shift"], r["seed"])][r["method"]] = r["mean"]
+        for (device, shift, seed), means in groups.items():
+            if "fedavg" not in means:
+                continue
+            gaps = [f"{m} {means[m] - means['fedavg']:+.2f} ({PAPER_GAP[task].get(m, float('nan')):+.1f})" for m in means if m != "fedavg"]
+            lines.append(
+                f"* {device}, shift {shift:g}, seed {seed}: FedAvg {means['fedavg']:.2f}; " + ("; ".join(gaps) or "no other baseline yet")
+            )
+        lines.append("")
+    return lines
+
+
+def main() -> None:
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results/calibration")
+    print("\n".join(tables(runs(root))))
+
+
+if __name__ == "__main__":
+    main()
