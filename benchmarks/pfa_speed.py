@@ -11,6 +11,9 @@ complex spectrum, fftshift, box, full inverse FFT, as the paper describes it), t
 difference between the two outputs over every key and client, for float64 client states (float32 states come back
 cast to float32, where a float64 rounding difference can flip the last bit of a weight).
 
+On a GPU `pfa.fourier_mix` is the definition itself (measured faster there than the half spectrum's bookkeeping), so
+the two columns time the same computation.
+
 Each figure is the fastest of `--repeats` runs (the machine's other load only ever adds time), in seconds, with PFA's
 time as a multiple of the average's. The aggregation is exactly the server's: prrfl.server.aggregation.Fourier at r =
 0.35 (the first round's box) and FedAvg, each client weighted by its (made-up) training-set size; BatchNorm stays local
