@@ -171,8 +171,8 @@ def _make_real_where_self_conjugate(spectra: torch.Tensor, shape: Sequence[int],
     n // 2 and Nyquist at 0; on the half spectrum (`centred=False`, last axis n // 2 + 1) at 0 and n / 2."""
     grid = []
     for axis, n in enumerate(shape):
-        points = [n // 2, 0] if centred else [0, n // 2]
-        points = sorted(set(points[:1] + points[1:] * (n % 2 == 0)))
+        dc, nyquist = (n // 2, 0) if centred else (0, n // 2)
+        points = [dc, nyquist] if n % 2 == 0 else [dc]
         view = [1] * len(shape)
         view[axis] = -1
         grid.append(torch.tensor(points, device=spectra.device).view(view))

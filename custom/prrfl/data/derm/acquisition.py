@@ -54,6 +54,7 @@ SITE_PROFILES: dict[str, SiteProfile] = {
 FEDERATED_SITES = ("A", "B", "C", "D")
 
 
+@lru_cache(maxsize=64)  # per (cohort, shift): every image of a cohort asks for it, twice (pixels, JPEG quality)
 def shifted(profile: SiteProfile, shift: float) -> SiteProfile:
     """`profile` with its acquisition's departure from the federation's average dermoscope times `shift`.
 

@@ -22,6 +22,7 @@ from PIL import Image
 from threadpoolctl import threadpool_limits
 
 from prrfl.data.build import build_dir
+from prrfl.data.shift import check_shift
 
 from .acquisition import SITE_PROFILES, acquire, shifted
 from .layout import (
@@ -136,7 +137,7 @@ def generate_synthetic(
     program's main module must be importable and guarded by `if __name__ == "__main__"`. `shift` scales
     how much the cohorts' acquisitions differ (acquisition.shifted; 1 = the site profiles as written).
     """
-    shifted(SITE_PROFILES["A"], shift)  # checks the value before any work
+    check_shift(shift)  # before any work
     width, height = (int(v) for v in image_size)
     if width < 16 or height < 16:
         raise ValueError(f"image_size {image_size} is too small (at least 16x16)")

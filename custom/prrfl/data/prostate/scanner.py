@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import lru_cache, partial
 
 import numpy as np
 import scipy.fft
@@ -239,6 +239,7 @@ SCANNER_PROFILES: dict[str, ScannerProfile] = {
 FEDERATED_SITES = ("RUNMC", "BMC", "UCL", "BIDMC", "HK")  # Table I's sites, whose average a shift scales from
 
 
+@lru_cache(maxsize=64)  # per (site, shift): every case of a site asks for it
 def shifted(profile: ScannerProfile, shift: float) -> ScannerProfile:
     """`profile` with its acquisition's departure from the federation's average scanner times `shift`.
 

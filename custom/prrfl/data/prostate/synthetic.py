@@ -28,6 +28,7 @@ import nibabel as nib
 import numpy as np
 
 from prrfl.data.build import build_dir
+from prrfl.data.shift import check_shift
 
 from .anatomy import Anatomy, Grid, render, sample_anatomy
 from .layout import SITE_NAMES, SYNTHETIC_MARKER, TABLE_SITES, site
@@ -252,7 +253,7 @@ def generate_synthetic_prostate(
     main module must then be importable and guarded by `if __name__ == "__main__"`). `shift` scales how much
     the sites' acquisitions differ (scanner.shifted; 1 = the scanner profiles as written).
     """
-    shifted(SCANNER_PROFILES["RUNMC"], shift)  # checks the value before any work
+    check_shift(shift)  # before any work
     if not matrix_scale > 0:
         raise ValueError(f"matrix_scale must be > 0, got {matrix_scale}")
     if max_matrix is not None and max_matrix < 16:
