@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import yaml
 from conftest import tiny_derm_config, untimed, wait_for
 from test_recipe import TINY_SETS
 
+from prrfl import deploy
 from prrfl.deploy import POC_TEMPLATE, kill_process_tree, make_project
 from prrfl.flare.recipe import export_job, server_results
 from prrfl.sweep import simulator_command
@@ -43,6 +45,44 @@ def test_templates_are_valid_project_files():
         roles = {p.get("role") for p in project["participants"] if p["type"] == "admin"}
         assert project["api_version"] == 3 and {"project_admin", "org_admin", "lead"} <= roles
         assert len([p for p in project["participants"] if p["type"] == "client"]) == 4
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ports_the_os_hands_out():
+    low, _ = deploy.ephemeral_range()
+    ports = deploy.free_ports(20)
+    assert len(set(ports)) == 20 and all(1024 <= p < low for p in ports)
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("", p))
+
+
+def test_listening_ports_sees_this_process_listen():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        assert s.getsockname()[1] not in deploy.listening_ports(os.getpid())
+        s.listen()
+        assert s.getsockname()[1] in deploy.listening_ports(os.getpid())
+
+
+@pytest.mark.e2e
+def test_a_server_port_taken_before_the_server_binds_it_is_provisioned_again(tmp_path, monkeypatch, capsys):
+    """FLARE's server runs on without a port another process took (gRPC only prints a line), and its sites
+    would retry their login there for ever: the deployment sees the refusal and provisions other ports."""
+    with socket.socket() as thief:
+        thief.bind(("", 0))
+        thief.listen()
+        taken = thief.getsockname()[1]
+        picks = iter([[taken, *deploy.free_ports(1)]])
+        real = deploy.free_ports
+        monkeypatch.setattr(deploy, "free_ports", lambda n: next(picks, None) or real(n))
+        env = {"PRRFL_CACHE": str(tmp_path / "cache")}
+        with deploy.poc_deployment(tmp_path / "poc", 1, env=env) as dep:
+            assert taken not in dep.kits.ports
+            assert set(dep.kits.ports) <= deploy.listening_ports(dep.procs.procs["server"].pid)
+            assert [c.name for c in dep.sess.get_system_info().client_info] == SITES[:1]
+    out = capsys.readouterr().out
+    assert f"could not listen on one of its ports [{taken}," in out and "provisioning again with other ports" in out
+    assert out.count("provisioned ") == 2
 
 
 def our_processes(marker: str) -> list[psutil.Process]:

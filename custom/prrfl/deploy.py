@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -46,10 +47,39 @@ class DeployError(RuntimeError):
 SIGNATURE_REFUSAL = "does not pass signature verification"  # FLARE's server log, when a job's signature fails
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+PORT_IN_USE = "Failed to add port"  # what gRPC prints on the server's console when its FL port is taken
+
+
+class PortInUse(DeployError):
+    """The server could not listen on one of its ports (another process took it after it was chosen)."""
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the OS hands out for port 0 and outgoing connections (Linux: ip_local_port_range)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default; other systems use 49152-65535, also above the pick below
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports below the OS's ephemeral range. A port the OS hands out for port 0 may be
+    handed out again (to a FLARE job's internal listener, say) before the server binds it; ports below that
+    range are only taken by a process that asks for them by number."""
+    low = min(ephemeral_range()[0], 32768)
+    rng, ports = random.SystemRandom(), []
+    while len(ports) < n:
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
 
 
 def make_project(template: Path, num_sites: int, fl_port: int, admin_port: int) -> dict[str, Any]:
@@ -81,6 +111,7 @@ class Kits:
     sites: list[str]
     admin: str
     orgs: dict[str, str] = field(default_factory=dict)
+    ports: tuple[int, ...] = ()  # the server's: FL, admin
 
     def kit(self, name: str) -> Path:
         return self.root / name
@@ -103,12 +134,14 @@ def provision(project: dict[str, Any], out: Path) -> Kits:
         raise DeployError(f"nvflare provision failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     prod = sorted((out / "provision" / project["name"]).glob("prod_*"))[-1]
     parts = project["participants"]
+    server = next(p for p in parts if p["type"] == "server")
     return Kits(
         root=prod,
         server=next(p["name"] for p in parts if p["type"] == "server"),
         sites=[p["name"] for p in parts if p["type"] == "client"],
         admin=next(p["name"] for p in parts if p.get("role") == PROJECT_ADMIN_ROLE),
         orgs={p["name"]: p["org"] for p in parts},
+        ports=tuple(server[k] for k in ("fed_learn_port", "admin_port") if k in server),
     )
 
 
@@ -242,6 +275,37 @@ def open_session(kits: Kits, timeout: float):
     raise DeployError(f"could not log in to the server as {kits.admin} within {timeout:.0f}s: {error}")
 
 
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports a process and its descendants listen on."""
+    ports: set[int] = set()
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                ports |= {c.laddr.port for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    return ports
+
+
+def wait_for_listening(proc: subprocess.Popen, ports: tuple[int, ...], console: Path, offset: int, timeout: float) -> None:
+    """Until the server process listens on all its ports. A port another process took is fatal at once (PortInUse):
+    FLARE's server would otherwise run without it, and the sites would retry their login there for ever."""
+    deadline = time.time() + timeout
+    while True:
+        with contextlib.suppress(OSError), console.open("rb") as f:
+            f.seek(offset)
+            line = next((x for x in f.read().decode(errors="replace").splitlines() if PORT_IN_USE in x), None)
+            if line is not None:
+                raise PortInUse(f"the server could not listen on one of its ports {list(ports)}: {line.strip()} ({console})")
+        missing = set(ports) - listening_ports(proc.pid)
+        if not missing:
+            return
+        if proc.poll() is not None:
+            raise DeployError(f"the server exited (code {proc.returncode}) while starting; see {console} and log.txt")
+        if time.time() >= deadline:
+            raise DeployError(f"the server did not listen on port(s) {sorted(missing)} within {timeout:.0f}s; see {console}")
+        time.sleep(0.5)
+
+
 def wait_for_sites(sess, started: dict[str, float], procs: Processes, timeout: float) -> None:
     """Until every site process has registered with the server since it was started (a restarted
     site's dead predecessor stays listed until its heartbeat times out, so being listed is not enough)."""
@@ -258,7 +322,7 @@ def wait_for_sites(sess, started: dict[str, float], procs: Processes, timeout: f
         if dead:
             raise DeployError(f"site process(es) {dead} exited; see <kit>/deploy_console.log and log.txt")
         time.sleep(1)
-    raise DeployError(f"sites {sorted(set(started) - ready)} did not connect within {timeout:.0f}s")
+    raise DeployError(f"sites {sorted(set(started) - ready)} did not connect within {timeout:.0f}s; see each <kit>/log.txt")
 
 
 class LogFollower:
@@ -350,7 +414,10 @@ class Deployment:
         self.site_started: dict[str, float] = {}
 
     def start_server(self) -> None:
-        self.procs.start("server", server_command(self.kits), self.kits.kit(self.kits.server))
+        console = self.kits.kit(self.kits.server) / "deploy_console.log"
+        offset = console.stat().st_size if console.exists() else 0  # a restarted server appends to it
+        proc = self.procs.start("server", server_command(self.kits), self.kits.kit(self.kits.server))
+        wait_for_listening(proc, self.kits.ports, console, offset, timeout=120)
         self.sess = open_session(self.kits, timeout=120)
 
     def start_site(self, site: str) -> None:
@@ -419,19 +486,40 @@ def poc_deployment(
     env: dict[str, str] | None = None,
 ) -> Iterator[Deployment]:
     """Provision into out, start everything, yield; stop everything on exit, however it happens."""
-    kits = provision(make_project(template, num_sites, free_port(), free_port()), out)
-    print(f"provisioned {kits.root}: server, {len(kits.sites)} sites {kits.sites}, admin {kits.admin}", flush=True)
-    for site in kits.sites:
-        write_site_config(kits.kit(site), site, data_root, device)
-    deployment = Deployment(kits, env)
+    deployment = None
     try:
         with stop_on_signals():
-            deployment.start()
-            print(f"all {len(kits.sites)} sites connected over mTLS", flush=True)
+            deployment = started_deployment(out, num_sites, data_root, device, template, env)
+            print(f"all {num_sites} sites connected over mTLS", flush=True)
             yield deployment
     finally:
-        deployment.stop()
+        if deployment is not None:
+            deployment.stop()
         print(f"all FLARE processes stopped; kits, logs and results are in {out}", flush=True)
+
+
+def started_deployment(out, num_sites, data_root, device, template, env, attempts: int = 3) -> Deployment:
+    """Provision and start; provisions again with other ports when one was taken before the server bound it."""
+    for attempt in range(1, attempts + 1):
+        kits = provision(make_project(template, num_sites, *free_ports(2)), out)
+        print(f"provisioned {kits.root}: server, {len(kits.sites)} sites {kits.sites}, admin {kits.admin}", flush=True)
+        for site in kits.sites:
+            write_site_config(kits.kit(site), site, data_root, device)
+        deployment = Deployment(kits, env)
+        try:
+            deployment.start()
+            return deployment
+        except PortInUse as e:
+            deployment.stop()
+            if attempt == attempts:
+                raise
+            aside = out / f"provision.port_taken.{attempt}"  # kept for its logs; nvflare provisions into a new folder
+            (out / "provision").rename(aside)
+            print(f"{e}; provisioning again with other ports (the first kits are in {aside})", flush=True)
+        except BaseException:
+            deployment.stop()
+            raise
+    raise AssertionError("unreachable")
 
 
 def deploy_poc(
