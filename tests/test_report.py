@@ -482,6 +482,28 @@ def test_a_run_with_options_set_is_reported_apart_under_its_options(workspaces, 
     assert (tmp_path / "out" / "curves_prr_det_enabled_false_.png").exists()
 
 
+def test_a_run_that_reports_its_global_model_also_gets_rows_for_the_model_after_the_local_epochs(tmp_path):
+    """FedAvg reports the global model as received (download records, best and last from them); the report adds
+    the site's model after its local epochs as 'fedavg/trained', selected on the round records by the same rule."""
+    write_run(tmp_path / "fedavg_s0", "fedavg", 0)
+    for path in (tmp_path / "fedavg_s0").glob("site-*/prrfl/*/results.json"):
+        results = json.loads(path.read_text())
+        results["reported_at"] = "download"
+        for h in results["history"]:
+            if h["kind"] == "round":  # after the local epochs: validates 70, 90, 90 (rounds 0, 1, 2), tests 20 + round
+                h["valid"], h["test"] = metrics([70.0, 90.0, 90.0][h["round"]]), metrics(20.0 + h["round"])
+        path.write_text(json.dumps(results))
+    results = find_results([tmp_path])
+    reported = [r for r in results if r.method == "fedavg"]
+    trained = [r for r in results if r.method == "fedavg/trained"]
+    assert len(trained) == 4 and all(r.reported_at == "round" and r.reported_model == r0.reported_model for r, r0 in zip(trained, reported))
+    assert {(r.best["round"], r.best["test"]["f1"], r.last["test"]["f1"]) for r in trained} == {(1, 21.0, 22.0)}
+    assert [(r.best, r.last) for r in reported] == [
+        (json.loads(r.path.read_text())["best"], json.loads(r.path.read_text())["last"]) for r in reported
+    ]
+    assert method_order(results, None, "fedavg") == ["fedavg", "fedavg/trained"]
+
+
 def test_the_other_model_of_a_run_gets_rows_of_its_own_selected_by_the_same_rule(tmp_path):
     """PRR records D's valid/test beside P's every round: the report scores D as 'prr/deputy', its best round
     chosen on D's own validation score (the first strict maximum), its last round beside it."""

@@ -252,3 +252,68 @@ def test_hooks_see_the_site_through_one_narrow_view_per_round(tiny_task, tmp_pat
     assert not any(hasattr(view, name) for name in ("history", "best", "save", "cfg", "method", "state_dir"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         view.memory = {}
+
+
+def shared_download(site, params: dict[str, torch.Tensor], round_idx: int, shift: float = 0.0) -> Download:
+    """What the server sends a FedAvg-family site: the shared entries only, here shifted by `shift`."""
+    keys = site.method.shared_keys(site.models["local"])
+    return Download(params={k: params[k] + shift if params[k].is_floating_point() else params[k].clone() for k in keys}, round=round_idx)
+
+
+def three_rounds(site, shifts=(0.0, 0.01)) -> list[Download]:
+    """Rounds 0-2 of a global-model method at one site; returns the downloads of rounds 1 and 2."""
+    upload = run_round(site, Download(params=site.models["local"].state_dict(), round=0), 0)
+    sent = []
+    for r, shift in zip((1, 2), shifts):
+        sent.append(shared_download(site, upload.params, r, shift))
+        upload = run_round(site, sent[-1], r)
+    return sent
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedbn", "silobn", "fedprox", "ida"])
+def test_a_global_model_method_reports_its_download_selected_on_validation(tiny_task, tmp_path, method):
+    site = make_runtime(tiny_task, tmp_path, method=method, eval_test_every_epoch=False)
+    sent = three_rounds(site)
+    downloads = [h for h in site.history if h["kind"] == "download"]
+    assert [(h["round"], h["global_round"]) for h in downloads] == [(1, 0), (2, 1)]
+    # the best is the download record with the highest validation F1 (the first on a tie), scored as its aggregate's round
+    chosen = max(downloads, key=lambda h: (h["valid"]["f1"], -h["round"]))
+    assert site.best == {"round": chosen["global_round"], "valid": chosen["valid"], "test": chosen["test"]}
+    results = json.loads((site.state_dir / "results.json").read_text())
+    assert results["reported_at"] == "download" and results["last"]["round"] == 2 and results["last"]["kind"] == "download"
+    # the saved best model holds the download's shared entries exactly
+    best = torch.load(site.state_dir / "best_local.pt")
+    params = sent[chosen["round"] - 1].params
+    assert all(torch.equal(best[k], params[k]) for k in params)
+
+
+def test_silobns_reported_model_is_the_download_with_the_sites_own_batchnorm_statistics(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path, method="silobn", eval_test_every_epoch=False, num_rounds=2)
+    upload = run_round(site, Download(params=site.models["local"].state_dict(), round=0), 0)
+    own = {k: v.clone() for k, v in site.models["local"].state_dict().items() if "running" in k}
+    sent = shared_download(site, upload.params, 1, shift=0.5)
+    assert own and not set(own) & set(sent.params)  # the statistics never travel
+    run_round(site, sent, 1)
+    best = torch.load(site.state_dir / "best_local.pt")
+    assert site.best["round"] == 0
+    assert all(torch.equal(best[k], v) for k, v in own.items())  # not averaged: the site's own
+    assert all(torch.equal(best[k], v) for k, v in sent.params.items())  # the rest as received, affine BN included
+
+
+def test_report_global_model_false_reports_the_model_after_the_local_epochs(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path, method="fedavg", eval_test_every_epoch=False, report_global_model=False)
+    three_rounds(site)
+    assert not [h for h in site.history if h["kind"] == "download"]
+    rounds = [h for h in site.history if h["kind"] == "round"]
+    chosen = max(rounds, key=lambda h: (h["valid"]["f1"], -h["round"]))
+    assert site.best == {"round": chosen["round"], "valid": chosen["valid"], "test": chosen["test"]}
+    assert json.loads((site.state_dir / "results.json").read_text())["reported_at"] == "round"
+
+
+@pytest.mark.parametrize("method", ["fml", "fca", "apfl", "pfedme", "perfedavg"])
+def test_a_personalized_method_reports_its_model_after_the_local_epochs(tiny_task, tmp_path, method):
+    site = make_runtime(tiny_task, tmp_path, method=method, eval_test_every_epoch=False, num_rounds=2)
+    assert not site.method.reports_download()
+    upload = run_round(site, Download(params=site.method.build_model().state_dict(), round=0), 0)
+    run_round(site, Download(params=upload.params, round=1), 1)
+    assert [h["kind"] for h in site.history] == ["round", "round"] and site.best is not None

@@ -207,6 +207,10 @@ class RunConfig:
     update_norm_ratio: float | None = 10.0
     update_norm_max: float | None = None
     eval_test_every_epoch: bool = True  # per-epoch test curves (retrogress plots)
+    # a method with a global model (FedAvg, FedProx, IDA, FedBN, SiloBN, HarmoFL) reports it as each site receives
+    # it, scored when the download arrives (its papers' protocol); false: its site's model after the local epochs,
+    # as personalized methods report theirs (Method.reports_global_model)
+    report_global_model: bool = True
     method_args: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
 

@@ -35,6 +35,7 @@ class APFL(FedAvg):
     """
 
     name = "apfl"
+    global_model_reported = False  # a personalized model, scored after its local epochs
     roles = ("shared", "personal", "mixed")
     eval_role = "mixed"
     upload_role = "shared"

@@ -37,6 +37,9 @@ class Method:
     # class defaults; a method whose options change its models may set them per instance in __init__
     roles: tuple[str, ...] = ("local",)
     eval_role: str = "local"  # the model a site reports and selects on validation
+    # a method whose reported model is the global model (the download, with the site's local entries): it is
+    # scored when it arrives, before the local epochs; otherwise the eval_role model after them
+    global_model_reported: ClassVar[bool] = False
     upload_role: str = "local"
     # A method with many options may declare them as a (frozen, self-checking) dataclass instead of
     # keyword parameters; its constructor then takes them as **options (PRR: `PRROptions`).
@@ -47,6 +50,12 @@ class Method:
         self.task = task
         if options:
             raise ValueError(f"method '{self.name}' got unknown option(s) {sorted(options)}")
+
+    def reports_download(self) -> bool:
+        """Whether the site reports (and selects on validation) the model it downloads, scored right after the
+        download of round r as the global model of round r - 1 (the last round's is saved by the server, not
+        scored at the sites), rather than its model after the local epochs."""
+        return self.global_model_reported and self.cfg.report_global_model
 
     @classmethod
     def unsupported_reason(cls, task: Task) -> str | None:

@@ -98,6 +98,7 @@ class FCA(FedAvg):
     """
 
     name = "fca"
+    global_model_reported = False  # a personalized model, scored after its local epochs
 
     def __init__(
         self,

@@ -19,13 +19,16 @@ class FedAvg(Method):
     local epochs; the server averages the copies weighted by training-set size and sends the
     average to every site, which overwrites its model with it.
 
-    Choices: every state-dict entry travels, BatchNorm running statistics included. The evaluated
-    (reported, selected) model is the site's model after its local epochs, the per-site model the
-    comparison tables report; the loop also evaluates it right after the download (the global
-    model), where retrogress shows. `weighting="uniform"` gives every site 1/K.
+    Choices: every state-dict entry travels, BatchNorm running statistics included. The reported
+    (selected) model is the global model as each site receives it, scored on the site's validation
+    and test splits when the download arrives, as the papers and FedBN's and HarmoFL's code evaluate
+    after communication (the methods below inherit it: FedBN's and SiloBN's carry the site's own
+    BatchNorm entries; `report_global_model=false` reports the model after the local epochs instead).
+    `weighting="uniform"` gives every site 1/K.
     """
 
     name = "fedavg"
+    global_model_reported = True
     download_roles: tuple[str, ...] = ("local",)  # the models a download (after the first) overwrites
 
     def __init__(self, cfg, task, *, weighting: aggregation.Weighting = "samples", **options: Any):

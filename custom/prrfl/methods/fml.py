@@ -22,6 +22,7 @@ class FML(FedAvg):
     """
 
     name = "fml"
+    global_model_reported = False  # a personalized model, scored after its local epochs
     roles = ("personal", "deputy")
     eval_role = "personal"
     upload_role = "deputy"

@@ -63,6 +63,7 @@ class PerFedAvg(FedAvg):
     """
 
     name = "perfedavg"
+    global_model_reported = False  # a personalized model, scored after its local epochs
     roles = ("shared", "personal")
     eval_role = "personal"
     upload_role = "shared"

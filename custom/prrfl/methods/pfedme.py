@@ -55,6 +55,7 @@ class PFedMe(FedAvg):
     """
 
     name = "pfedme"
+    global_model_reported = False  # a personalized model, scored after its local epochs
     roles = ("shared", "personal")
     eval_role = "personal"
     upload_role = "shared"

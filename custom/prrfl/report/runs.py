@@ -51,6 +51,7 @@ class SiteResult:
     class_counts: list[int] | None = None  # training images (voxels) per class
     reported_model: str | None = None  # the role whose metrics these are (PRR: "personal"); None: not recorded
     select_from_round: int = 0  # the first round the best-on-validation selection considered
+    reported_at: str = "round"  # "download": the global model as received (prrfl.site.trainer.record_download)
 
     @classmethod
     def load(cls, path: Path) -> SiteResult | None:
@@ -63,26 +64,45 @@ class SiteResult:
         method = variant_label(data.get("method"), data.get("method_args") or {})
         found = {k: data.get(k) for k in keys}
         return cls(
-            path=path, task=data.get("task", LEGACY_TASK), method=method, select_from_round=data.get("select_from_round", 0), **found
+            path=path,
+            task=data.get("task", LEGACY_TASK),
+            method=method,
+            select_from_round=data.get("select_from_round", 0),
+            reported_at=data.get("reported_at", "round"),
+            **found,
         )
 
     def other_model_results(self) -> list[SiteResult]:
-        """The models the run evaluated every round beside the reported one (PRR's deputy D beside P), each as
-        a result of its own, labelled `<method>/<role>`: its rounds' valid and test metrics, its best round on
-        validation by the same rule as the reported model's, its last round. Runs recorded before the other
-        models were (no `other_models` in their rounds) give none."""
-        rounds = [h for h in self.history if h["kind"] == "round" and h.get("other_models")]
-        primary = task_class(self.task).metric_names[0]
+        """The models the run evaluated every round beside the reported one, each as a result of its own: PRR's
+        deputy D beside P, labelled `<method>/<role>`, and, for a method that reports its global model as received,
+        the site's model after its local epochs, labelled `<method>/trained`. Each with its rounds' valid and test
+        metrics, its best round on validation by the same rule as the reported model's, its last round. Runs
+        recorded before the other models were (no `other_models` in their rounds) give none."""
+        rounds = [h for h in self.history if h["kind"] == "round"]
         out = []
-        for role in sorted({role for h in rounds for role in h["other_models"]}):
-            own = [{"kind": "round", "round": h["round"], "epochs_done": h["epochs_done"], **h["other_models"][role]} for h in rounds]
-            best = None
-            for h in own:  # the site loop's rule (prrfl.metrics.improves)
-                if improves(None if best is None else best["valid"][primary], h["valid"][primary], h["round"], self.select_from_round):
-                    best = {"round": h["round"], "valid": h["valid"], "test": h["test"]}
-            method = f"{self.method}/{role}"
-            out.append(dataclasses.replace(self, method=method, best=best, last=own[-1], ood=None, history=own, reported_model=role))
+        for role in sorted({role for h in rounds for role in h.get("other_models", {})}):
+            own = [{**self.scored(h), **h["other_models"][role]} for h in rounds if role in h.get("other_models", {})]
+            out.append(self.as_other(f"{self.method}/{role}", own, role))
+        if self.reported_at == "download" and rounds:
+            out.append(
+                self.as_other(f"{self.method}/trained", [{**self.scored(h), "valid": h["valid"], "test": h["test"]} for h in rounds])
+            )
         return out
+
+    @staticmethod
+    def scored(h: dict[str, Any]) -> dict[str, Any]:
+        return {"kind": "round", "round": h["round"], "epochs_done": h["epochs_done"]}
+
+    def as_other(self, method: str, own: list[dict[str, Any]], role: str | None = None) -> SiteResult:
+        primary = task_class(self.task).metric_names[0]
+        best = None
+        for h in own:  # the site loop's rule (prrfl.metrics.improves)
+            if improves(None if best is None else best["valid"][primary], h["valid"][primary], h["round"], self.select_from_round):
+                best = {"round": h["round"], "valid": h["valid"], "test": h["test"]}
+        role = role or self.reported_model
+        return dataclasses.replace(
+            self, method=method, best=best, last=own[-1], ood=None, history=own, reported_model=role, reported_at="round"
+        )
 
     def identity(self) -> dict[str, Any]:
         """The columns that name this site's run in every tidy table."""

@@ -246,8 +246,10 @@ def runs_table(results: Sequence[SiteResult], methods: Sequence[str]) -> str:
 
 def _model_name(result: SiteResult) -> str:
     """The role a result scores, as the tables name it ("personal" for PRR's P); "the method's" when the run
-    did not record it (runs written before results named their model)."""
-    return result.reported_model or "the method's"
+    did not record it (runs written before results named their model); ", as received" for a global model
+    scored when its download arrived."""
+    name = result.reported_model or "the method's"
+    return f"{name}, as received" if result.reported_at == "download" else name
 
 
 def _models_note(results: Sequence[SiteResult], methods: Sequence[str]) -> str:
@@ -260,5 +262,6 @@ def _models_note(results: Sequence[SiteResult], methods: Sequence[str]) -> str:
     rows = "; ".join(f"{p}: its reported model ({roles.get(p, '?')})" for p in parents)
     return (
         f"\nRows name the model they score: {rows}; <method>/<role>: the other model the same run trained and evaluated "
-        "every round (PRR's deputy D), selected on validation by the same rule.\n"
+        "every round (PRR's deputy D); <method>/trained: for a method that reports its global model as each site "
+        "receives it, the site's model after its local epochs; each selected on validation by the same rule.\n"
     )

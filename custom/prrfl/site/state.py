@@ -356,7 +356,8 @@ class SiteRuntime:
         return None if pair is None else pair[0] - pair[1]
 
     def results(self) -> dict[str, Any]:
-        last = next((h for h in reversed(self.history) if h["kind"] == "round"), None)
+        scored = "download" if self.method.reports_download() else "round"  # the records of the reported model
+        last = next((h for h in reversed(self.history) if h["kind"] == scored and "valid" in h), None)
         trained = {h["round"] for h in self.history if h["kind"] == "round"}
         return {
             "site": self.name,
@@ -365,6 +366,9 @@ class SiteRuntime:
             "method": self.cfg.method,
             "method_args": self.cfg.method_args,  # the options set for this run (an ablation's switches)
             "reported_model": self.method.eval_role,  # the model whose metrics are `best`, `last` and `history`'s valid/test
+            # when it is scored: "download" (the global model, as received: `best`/`last` are download records, their
+            # round the aggregate's) or "round" (after the local epochs)
+            "reported_at": scored,
             "select_from_round": self.cfg.select_from_round,  # the first round `best` was chosen among
             "code_commit": code_commit(),  # the code that produced these numbers (None outside a git checkout)
             "run_name": self.cfg.run_name,

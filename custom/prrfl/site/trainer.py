@@ -28,13 +28,11 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     if first and round_idx > 0:
         check_can_join(site, download, round_idx)
     method.on_download(view, download, first=first)
+    if round_idx > 0 and (cfg.eval_test_every_epoch or method.reports_download()):
+        # right after the download, before any local step: where retrogress shows, and the global model's scores
+        record_download(site, round_idx)
     if cfg.eval_test_every_epoch and round_idx > 0:
-        # right after the download, before any local step: where retrogress shows
-        test = site.evaluate(method.eval_role, "test")
         epochs_done = round_idx * cfg.local_epochs
-        site.history.append(
-            {"kind": "download", "round": round_idx, "epochs_done": epochs_done, "test": test, "shared_test": shared_test(site, test)}
-        )
         metric = site.task.primary_metric
         drop = site.download_drop(round_idx)
         if drop is not None:
@@ -74,6 +72,26 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     upload = method.upload(view)
     site.save()
     return upload
+
+
+def record_download(site: SiteRuntime, round_idx: int) -> None:
+    """Score the reported model right after round `round_idx`'s download: on test (retrogress), and, when it is the
+    method's reported model (`Method.reports_download`), on valid too, as the global model of round `round_idx` - 1,
+    which may become the site's best."""
+    method = site.method
+    test = site.evaluate(method.eval_role, "test")
+    entry = {"kind": "download", "round": round_idx, "epochs_done": round_idx * site.cfg.local_epochs, "test": test}
+    entry["shared_test"] = shared_test(site, test)
+    if method.reports_download():
+        entry["valid"] = site.evaluate(method.eval_role, "valid")
+        entry["global_round"] = round_idx - 1  # the round whose aggregate this download is
+    site.history.append(entry)
+    if method.reports_download():
+        step = round_idx * site.cfg.local_epochs - 1  # the x of round round_idx - 1's other curves
+        for split in ("valid", "test"):
+            for name, value in entry[split].items():
+                site.log_scalar(f"{split}_global/{name}", value, step)
+        consider_best(site, round_idx - 1, entry["valid"], test)
 
 
 def shared_test(site: SiteRuntime, reported: dict[str, float]) -> dict[str, float]:
@@ -139,8 +157,9 @@ def _synchronized(device: torch.device) -> float:
 
 def record_round(site: SiteRuntime, round_idx: int, timing: dict[str, float]) -> None:
     """Evaluate the site's reported model on valid and test, and every other model the method trains beside
-    it (PRR's deputy: `other_models`, logged as `valid_<role>/...`); keep the best on validation."""
-    role, metric = site.method.eval_role, site.task.primary_metric
+    it (PRR's deputy: `other_models`, logged as `valid_<role>/...`); keep the best on validation, unless the
+    reported model is the one scored at the download (`record_download`)."""
+    role = site.method.eval_role
     valid = site.evaluate(role, "valid")
     test = site.evaluate(role, "test")
     others = {r: {"valid": site.evaluate(r, "valid"), "test": site.evaluate(r, "test")} for r in site.method.roles if r != role}
@@ -156,7 +175,15 @@ def record_round(site: SiteRuntime, round_idx: int, timing: dict[str, float]) ->
         uploaded = site.method.upload_role
         entry["shared_test"] = others[uploaded]["test"] if uploaded in others else shared_test(site, test)
     site.history.append(entry)
+    if not site.method.reports_download():
+        consider_best(site, round_idx, valid, test)
+
+
+def consider_best(site: SiteRuntime, round_idx: int, valid: dict[str, float], test: dict[str, float]) -> None:
+    """The reported model, scored for round `round_idx`, becomes the site's best when its validation score improves
+    (`prrfl.metrics.improves`): its weights and card are saved."""
+    metric = site.task.primary_metric
     if improves(None if site.best is None else site.best["valid"][metric], valid[metric], round_idx, site.cfg.select_from_round):
         site.best = {"round": round_idx, "valid": valid, "test": test}
-        site.save_best(role, round_idx, valid, test)
+        site.save_best(site.method.eval_role, round_idx, valid, test)
         log.info("site %s: new best %s %.2f at round %d", site.name, metric, valid[metric], round_idx)
