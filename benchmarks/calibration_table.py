@@ -3,8 +3,10 @@
 Reads <root>/<device>/<task>_shift<s>/<method>_s<seed>/ as benchmarks/keep_results.py keeps a sweep of
 benchmarks/shift_grid.sh (plain or gzip-compressed results.json), and prints, per task: each run's test metric of
 the papers' tables (F1; Dice per slice) at every site's best validation round and their mean, with the commit the
-run was made with; then, per (device, shift, seed), each baseline's mean minus FedAvg's, beside the paper's gap.
-A gap is read between runs of one device: GPU and CPU runs of one seed do not give the same numbers.
+run was made with and the model it reports ("global": the global model as each site receives it; "trained": the
+site's model after its local epochs, the protocol of runs made before `report_global_model` existed); then, per
+(device, model reported, shift, seed), each baseline's mean minus FedAvg's, beside the paper's gap. A gap is read
+between runs of one device: GPU and CPU runs of one seed do not give the same numbers.
 
     python benchmarks/calibration_table.py [docs/results/calibration]
 """
@@ -40,7 +42,8 @@ def runs(root: Path) -> list[dict]:
         task = folder["task"]
         sites = load_json(server)["sites"]
         site_files = find_json(run_dir, "results.json", recursive=True)
-        commit = next((load_json(p).get("code_commit") for p in site_files if p.parent.name != "simulate_job"), None)
+        first = next((load_json(p) for p in site_files if p.parent.name != "simulate_job"), {})
+        commit = first.get("code_commit")
         scores = {v["cohort"]: v["best"]["test"][METRIC[task]] for v in sites.values() if v.get("best")}
         found.append(
             {
@@ -50,12 +53,13 @@ def runs(root: Path) -> list[dict]:
                 "method": run["method"],
                 "seed": int(run["seed"]),
                 "commit": (commit or "?")[:7],
+                "reports": "global" if first.get("reported_at") == "download" else "trained",
                 "sites": scores,
                 "mean": sum(scores.values()) / len(scores) if scores else float("nan"),
                 "done": (run_dir.parent / f"{run_dir.name}.done.json").is_file(),
             }
         )
-    return sorted(found, key=lambda r: (r["task"], r["device"], r["shift"], r["seed"], r["method"]))
+    return sorted(found, key=lambda r: (r["task"], r["reports"], r["device"], r["shift"], r["seed"], r["method"]))
 
 
 def tables(found: list[dict]) -> list[str]:
@@ -64,24 +68,29 @@ def tables(found: list[dict]) -> list[str]:
         mine = [r for r in found if r["task"] == task]
         cohorts = list(dict.fromkeys(c for r in mine for c in r["sites"]))
         lines += [f"## {task}: test {METRIC[task]} at each site's best validation round", ""]
-        lines += ["| device | commit | shift | seed | method | " + " | ".join(cohorts) + " | mean |"]
-        lines += ["|---" * (6 + len(cohorts)) + "|"]
+        lines += ["| model reported | device | commit | shift | seed | method | " + " | ".join(cohorts) + " | mean |"]
+        lines += ["|---" * (7 + len(cohorts)) + "|"]
         for r in mine:
             cells = " | ".join(f"{r['sites'][c]:.2f}" if c in r["sites"] else "–" for c in cohorts)
             mark = "" if r["done"] else " (no done marker)"
             lines.append(
-                f"| {r['device']} | {r['commit']} | {r['shift']:g} | {r['seed']} | {r['method']}{mark} | {cells} | {r['mean']:.2f} |"
+                f"| {r['reports']} | {r['device']} | {r['commit']} | {r['shift']:g} | {r['seed']} | {r['method']}{mark} | {cells} | {r['mean']:.2f} |"
             )
-        lines += ["", "Each baseline's mean minus FedAvg's of the same device, shift and seed (the paper's gap in brackets):", ""]
+        lines += [
+            "",
+            "Each baseline's mean minus FedAvg's of the same model reported, device, shift and seed (the paper's gap in brackets):",
+            "",
+        ]
         groups: dict[tuple, dict[str, float]] = defaultdict(dict)
         for r in mine:
-            groups[(r["device"], r["shift"], r["seed"])][r["method"]] = r["mean"]
-        for (device, shift, seed), means in groups.items():
+            groups[(r["reports"], r["device"], r["shift"], r["seed"])][r["method"]] = r["mean"]
+        for (reports, device, shift, seed), means in groups.items():
             if "fedavg" not in means:
                 continue
             gaps = [f"{m} {means[m] - means['fedavg']:+.2f} ({PAPER_GAP[task].get(m, float('nan')):+.1f})" for m in means if m != "fedavg"]
             lines.append(
-                f"* {device}, shift {shift:g}, seed {seed}: FedAvg {means['fedavg']:.2f}; " + ("; ".join(gaps) or "no other baseline yet")
+                f"* {reports}, {device}, shift {shift:g}, seed {seed}: FedAvg {means['fedavg']:.2f}; "
+                + ("; ".join(gaps) or "no other baseline yet")
             )
         lines.append("")
     return lines
