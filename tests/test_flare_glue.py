@@ -247,3 +247,24 @@ def test_tracking_run_names_carry_the_cohort_and_backends_are_checked():
     with pytest.raises(ValueError, match="tracking_uri is for tracking='mlflow'"):
         receiver("tensorboard", "sqlite:///x.db")
     assert receiver("mlflow", "sqlite:///x.db", experiment="derm_prr").kw_args == {"experiment_name": "derm_prr"}
+
+
+def test_the_federation_tracks_a_global_models_scores_where_the_sites_log_them(monkeypatch):
+    """A FedAvg site's reported model after round 2 is the global model of round 1, scored at round 2's download:
+    the federation logs the sites' mean as valid_global/... at round 1's last epoch, as the sites do; a
+    personalized method's after-round scores stay valid/... at the round's last epoch."""
+    from prrfl.flare import workflow
+
+    sent: list[tuple[int, dict[str, float]]] = []
+    monkeypatch.setattr(workflow, "send_scalars", lambda component, ctx, scalars, step: sent.append((step, dict(scalars))))
+    flow = workflow.PersonalizedWorkflow.__new__(workflow.PersonalizedWorkflow)
+    flow.cfg, flow.fl_ctx = RunConfig(local_epochs=5, num_rounds=4), None
+
+    def summary(kind: str, epochs_done: int, f1: float) -> dict:
+        return {"last": {"kind": kind, "epochs_done": epochs_done, "valid": {"f1": f1}, "test": {"f1": f1 + 1}}}
+
+    flow._track_round(2, {"A": summary("download", 10, 50.0), "B": summary("download", 10, 60.0)}, {"pfa/r": 0.4}, "f1")
+    assert sent == [(10, {"pfa/r": 0.4}), (9, {"valid_global/f1": 55.0, "test_global/f1": 56.0}), (14, {"federation/sites_aggregated": 2})]
+    sent.clear()
+    flow._track_round(2, {"A": summary("round", 15, 50.0), "B": summary("round", 15, 70.0)}, {}, "f1")
+    assert sent == [(10, {}), (14, {"federation/sites_aggregated": 2, "valid/f1": 60.0, "test/f1": 61.0})]

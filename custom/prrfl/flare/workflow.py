@@ -324,28 +324,37 @@ class PersonalizedWorkflow(PerClientController):
             if metric in last:
                 parts.append(f"{site} {metric}={last[metric]:.1f}")
         rss = psutil.Process().memory_info().rss / 2**20  # benchmarks/memory.py follows it over the rounds
-        self.info(f"round {round_idx} done (server RSS {rss:.0f} MiB); test of each site's reported model ({role}): " + ", ".join(parts))
+        kinds = {(s.get("last") or {}).get("kind") for s in summaries.values()}
+        model = f"{role}, the global model as received" if "download" in kinds else role
+        self.info(f"round {round_idx} done (server RSS {rss:.0f} MiB); test of each site's reported model ({model}): " + ", ".join(parts))
 
     def _track_round(self, round_idx: int, summaries: dict[str, Any], method_scalars: dict[str, float], metric: str) -> None:
         """The federation's tracking run (prrfl.flare.tracking), on the sites' x axis (local epochs done):
-        the sites' mean valid and test metrics after the round (tags as in a site's run), the mean drop of
+        the sites' mean valid and test metrics of their reported model (tags and steps as in a site's run), the mean drop of
         the test metric right after this round's download, the number of sites aggregated, and the method's
         own server values (e.g. pfa/r), at the epoch the round's download is used."""
         epochs = self.cfg.local_epochs
         start, end = round_idx * epochs, (round_idx + 1) * epochs - 1
-        scalars: dict[str, list[float]] = {}
+        scalars: dict[tuple[str, int], list[float]] = {}
         for summary in summaries.values():
+            last = summary.get("last") or {}
+            # a global model scored at this round's download (valid_global/..., at the end of the round it is the
+            # aggregate of, as the sites log it), or the model after this round's local epochs (valid/...)
+            suffix = "_global" if last.get("kind") == "download" else ""
+            step = last.get("epochs_done", end + 1) - 1
             for split in ("valid", "test"):
-                for name, value in ((summary.get("last") or {}).get(split) or {}).items():
-                    scalars.setdefault(f"{split}/{name}", []).append(value)
-        at_end = {tag: nanmean(values) for tag, values in scalars.items()}
-        at_end["federation/sites_aggregated"] = len(summaries)
+                for name, value in (last.get(split) or {}).items():
+                    scalars.setdefault((f"{split}{suffix}/{name}", step), []).append(value)
+        at_step: dict[int, dict[str, float]] = {end: {"federation/sites_aggregated": len(summaries)}}
+        for (tag, step), values in scalars.items():
+            at_step.setdefault(step, {})[tag] = nanmean(values)
         drops = [s["download_drop"] for s in summaries.values() if s.get("download_drop") is not None]
         at_start = dict(method_scalars)
         if drops:
             at_start[f"retrogress/{metric}_drop"] = nanmean(drops)
         send_scalars(self, self.fl_ctx, at_start, start)
-        send_scalars(self, self.fl_ctx, at_end, end)
+        for step, values in sorted(at_step.items()):
+            send_scalars(self, self.fl_ctx, values, step)
 
     def _finish(self, federation: Federation, state: ServerState, state_dir: Path) -> None:
         results, global_params, table = federation.results(state)
