@@ -209,7 +209,7 @@ class RunConfig:
     eval_test_every_epoch: bool = True  # per-epoch test curves (retrogress plots)
     # a method with a global model (FedAvg, FedProx, IDA, FedBN, SiloBN, HarmoFL) reports it as each site receives
     # it, scored when the download arrives (its papers' protocol); false: its site's model after the local epochs,
-    # as personalized methods report theirs (Method.reports_global_model)
+    # as personalized methods report theirs (Method.reports_download)
     report_global_model: bool = True
     method_args: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)

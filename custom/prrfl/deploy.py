@@ -137,7 +137,7 @@ def provision(project: dict[str, Any], out: Path) -> Kits:
     server = next(p for p in parts if p["type"] == "server")
     return Kits(
         root=prod,
-        server=next(p["name"] for p in parts if p["type"] == "server"),
+        server=server["name"],
         sites=[p["name"] for p in parts if p["type"] == "client"],
         admin=next(p["name"] for p in parts if p.get("role") == PROJECT_ADMIN_ROLE),
         orgs={p["name"]: p["org"] for p in parts},
@@ -509,16 +509,13 @@ def started_deployment(out, num_sites, data_root, device, template, env, attempt
         try:
             deployment.start()
             return deployment
-        except PortInUse as e:
+        except BaseException as e:
             deployment.stop()
-            if attempt == attempts:
+            if not isinstance(e, PortInUse) or attempt == attempts:
                 raise
             aside = out / f"provision.port_taken.{attempt}"  # kept for its logs; nvflare provisions into a new folder
             (out / "provision").rename(aside)
             print(f"{e}; provisioning again with other ports (the first kits are in {aside})", flush=True)
-        except BaseException:
-            deployment.stop()
-            raise
     raise AssertionError("unreachable")
 
 

@@ -82,11 +82,10 @@ def record_download(site: SiteRuntime, round_idx: int) -> None:
     test = site.evaluate(method.eval_role, "test")
     entry = {"kind": "download", "round": round_idx, "epochs_done": round_idx * site.cfg.local_epochs, "test": test}
     entry["shared_test"] = shared_test(site, test)
+    site.history.append(entry)
     if method.reports_download():
         entry["valid"] = site.evaluate(method.eval_role, "valid")
         entry["global_round"] = round_idx - 1  # the round whose aggregate this download is
-    site.history.append(entry)
-    if method.reports_download():
         step = round_idx * site.cfg.local_epochs - 1  # the x of round round_idx - 1's other curves
         for split in ("valid", "test"):
             for name, value in entry[split].items():
