@@ -3,7 +3,8 @@
 Reads <root>/<device>/<task>_shift<s>/<method>_s<seed>/ as benchmarks/keep_results.py keeps a sweep of
 benchmarks/shift_grid.sh (plain or gzip-compressed results.json), and prints, per task: each run's test metric of
 the papers' tables (F1; Dice per slice) at every site's best validation round and their mean, with the commit the
-run was made with and the model it reports ("global": the global model as each site receives it; "trained": the
+run was made with and the model it reports ("global": the global model as each site receives it, every round's
+aggregate scored; "global, last unscored": the same before the last round's aggregate was scored too; "trained": the
 site's model after its local epochs, the protocol of runs made before `report_global_model` existed); then, per
 (device, model reported, shift, seed), each baseline's mean minus FedAvg's, beside the paper's gap. A gap is read
 between runs of one device: GPU and CPU runs of one seed do not give the same numbers.
@@ -53,13 +54,22 @@ def runs(root: Path) -> list[dict]:
                 "method": run["method"],
                 "seed": int(run["seed"]),
                 "commit": (commit or "?")[:7],
-                "reports": "global" if first.get("reported_at") == "download" else "trained",
+                "reports": reported(first),
                 "sites": scores,
                 "mean": sum(scores.values()) / len(scores) if scores else float("nan"),
                 "done": (run_dir.parent / f"{run_dir.name}.done.json").is_file(),
             }
         )
     return sorted(found, key=lambda r: (r["task"], r["reports"], r["device"], r["shift"], r["seed"], r["method"]))
+
+
+def reported(site: dict) -> str:
+    """"trained": the model after the local epochs; "global": the global model as received, every round's aggregate
+    scored; "global, last unscored": runs made before the last round's aggregate was scored (TASK_SCORE)."""
+    if site.get("reported_at") != "download":
+        return "trained"
+    scored = [h["global_round"] for h in site.get("history", []) if h.get("kind") == "download" and "global_round" in h]
+    return "global" if scored and max(scored) == site["rounds_completed"] - 1 else "global, last unscored"
 
 
 def tables(found: list[dict]) -> list[str]:

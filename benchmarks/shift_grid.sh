@@ -7,7 +7,9 @@
 #   SHIFTS="1 2 3" TASKS="derm prostate" SEEDS=0 PROFILE=bench bash benchmarks/shift_grid.sh <workdir>
 #
 # METHODS (default "fedavg,fedbn,silobn,fedprox,ida") and EXTRA (more `--set KEY=VALUE` for every run, e.g.
-# "--set num_rounds=1") may be set too. `prrfl report <workdir>/<task>_shift<s>/*_s[0-9]` tables each (task, shift).
+# "--set num_rounds=1") may be set too. EACH_METHOD=1 runs one sweep per (task, shift, method), all side by side
+# (a machine with many cores and a GPU), each in <workdir>/<task>_shift<s>.<method> until it ends, then moved in
+# beside the others. `prrfl report <workdir>/<task>_shift<s>/*_s[0-9]` tables each (task, shift).
 set -euo pipefail
 WORK=${1:?usage: shift_grid.sh <workdir>}
 SHIFTS=${SHIFTS:-1 2 3}
@@ -34,12 +36,21 @@ pids=()
 for task in $TASKS; do
   sites=$([ "$task" = prostate ] && echo 5 || echo 4)
   for s in $SHIFTS; do
-    $PY -m prrfl.cli sweep --task "$task" --profile "$PROFILE" --methods "$METHODS" --seeds "$SEEDS" --sites "$sites" \
-      --workspace "$WORK/${task}_shift$s" --set data.synthetic_shift="$s" $EXTRA > "$WORK/sweep_${task}_shift$s.log" 2>&1 &
-    pids+=($!)
+    if [ "${EACH_METHOD:-0}" = 1 ]; then groups=${METHODS//,/ }; else groups=$METHODS; fi
+    for m in $groups; do
+      tag=$([ "$m" = "$METHODS" ] && echo "" || echo ".$m")
+      $PY -m prrfl.cli sweep --task "$task" --profile "$PROFILE" --methods "$m" --seeds "$SEEDS" --sites "$sites" \
+        --workspace "$WORK/${task}_shift$s$tag" --set data.synthetic_shift="$s" $EXTRA > "$WORK/sweep_${task}_shift$s$tag.log" 2>&1 &
+      pids+=($!)
+    done
   done
 done
 status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done
+for part in "$WORK"/*_shift*.[a-z]*/; do  # EACH_METHOD: every method's runs beside the others of its (task, shift)
+  [ -d "$part" ] || continue
+  whole=${part%/}; whole=${whole%.*}
+  mkdir -p "$whole" && find "$part" -mindepth 1 -maxdepth 1 -name '*_s[0-9]*' -exec mv -t "$whole" {} + && rm -rf "$part"
+done
 echo "sweeps done: $(date -u +%T) (status $status)"
 exit $status

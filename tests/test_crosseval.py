@@ -158,6 +158,12 @@ def test_harmofl_run_shares_one_frozen_amplitude_and_scores_with_its_global_mode
     ]
     server = json.loads((ws / "server/simulate_job/results.json").read_text())
     global_amplitude = torch.load(server["global_model"]["file"])["norm.amplitude"]
+    # after the last round each site scored the last aggregate too, and the server's results hold that score
+    rounds = server["config"]["num_rounds"]
+    for site, summary in server["sites"].items():
+        history = json.loads(next(ws.glob(f"{site}/prrfl/*/results.json")).read_text())["history"]
+        assert [h["global_round"] for h in history if h["kind"] == "download"] == list(range(rounds))
+        assert summary["last"] == next(h for h in reversed(history) if h["kind"] == "download")
     assert global_amplitude.abs().sum() > 0
     for amplitude in amplitudes:  # frozen after round 0: round 1 trained with the average, unchanged
         assert torch.equal(amplitude, global_amplitude)

@@ -14,7 +14,7 @@ from conftest import as_numpy, make_runtime, untimed
 from prrfl.messages import Download
 from prrfl.methods.view import SiteView
 from prrfl.metrics import download_drops, shared_model_drops
-from prrfl.site.trainer import run_round
+from prrfl.site.trainer import run_round, score_last_download
 
 COUNTS = [20, 20, 20]
 
@@ -285,6 +285,40 @@ def test_a_global_model_method_reports_its_download_selected_on_validation(tiny_
     best = torch.load(site.state_dir / "best_local.pt")
     params = sent[chosen["round"] - 1].params
     assert all(torch.equal(best[k], params[k]) for k in params)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedbn"])
+def test_the_last_rounds_global_model_is_scored_and_may_become_the_best(tiny_task, tmp_path, method):
+    # 3 rounds: downloads 1 and 2 score the aggregates of rounds 0 and 1; the score after the last round that of round 2
+    site = make_runtime(tiny_task, tmp_path, method=method, eval_test_every_epoch=False)
+    upload = run_round(site, Download(params=site.models["local"].state_dict(), round=0), 0)
+    for r in (1, 2):
+        upload = run_round(site, shared_download(site, upload.params, r), r)
+    trained = copy.deepcopy(site.models["local"].state_dict())
+    last = shared_download(site, upload.params, 3)
+    score_last_download(site, last, 3)
+    downloads = [h for h in site.history if h["kind"] == "download"]
+    assert [(h["round"], h["global_round"]) for h in downloads] == [(1, 0), (2, 1), (3, 2)]
+    assert [h["kind"] for h in site.history].count("round") == 3  # no training
+    # the site now holds the last aggregate (FedBN: with its own BatchNorm layers, as after any download)
+    now = site.models["local"].state_dict()
+    assert all(torch.equal(now[k], last.params[k]) for k in last.params)
+    assert all(torch.equal(now[k], trained[k]) for k in set(now) - set(last.params))
+    chosen = max(downloads, key=lambda h: (h["valid"]["f1"], -h["round"]))
+    assert site.best == {"round": chosen["global_round"], "valid": chosen["valid"], "test": chosen["test"]}
+    results = json.loads((site.state_dir / "results.json").read_text())
+    assert results["last"]["round"] == 3 and results["last"]["global_round"] == 2 and results["rounds_completed"] == 3
+    # asked again (a resumed server): nothing changes
+    before = copy.deepcopy(site.history)
+    score_last_download(site, shared_download(site, upload.params, 3, shift=0.5), 3)
+    assert site.history == before
+
+
+def test_a_personalized_method_has_no_global_model_to_score(tiny_task, tmp_path):
+    site = make_runtime(tiny_task, tmp_path, method="fml", eval_test_every_epoch=False, num_rounds=1)
+    upload = run_round(site, Download(params=site.method.build_model().state_dict(), round=0), 0)
+    with pytest.raises(ValueError, match="no global model to score"):
+        score_last_download(site, Download(params=upload.params, round=1), 1)
 
 
 def test_silobns_reported_model_is_the_download_with_the_sites_own_batchnorm_statistics(tiny_task, tmp_path):

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 TASK_PREPARE = "prepare"  # sites load (or generate) their data and report class counts
 TASK_TRAIN = "train"
+# after the last round, to a method that reports its global model (Method.reports_download): each site scores the
+# last round's aggregate as it scored every earlier one, without training
+TASK_SCORE = "score"
 
 # the workflow -> every site, in each task's meta
 CONFIG = "prrfl_config"

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from prrfl.keys import CONFIG, ERROR, NUM_SITES, ROUND, RUN_ID, TASK_PREPARE, TASK_TRAIN
+from prrfl.keys import CONFIG, ERROR, NUM_SITES, ROUND, RUN_ID, TASK_PREPARE, TASK_SCORE, TASK_TRAIN
 from prrfl.keys import GLOBAL_CLASS_COUNTS as GLOBAL_COUNTS
 from prrfl.messages import Download, Upload
 
@@ -26,6 +26,7 @@ __all__ = [  # the keys are re-exported from their table, prrfl.keys
     "ROUND",
     "RUN_ID",
     "TASK_PREPARE",
+    "TASK_SCORE",
     "TASK_TRAIN",
     "TRANSPORT_KEYS",
     "download_to_model",

@@ -34,7 +34,7 @@ from prrfl.inference import load_saved_model
 from prrfl.messages import PrepareReply
 from prrfl.registry import build_method, build_task
 from prrfl.site.state import SiteRuntime
-from prrfl.site.trainer import estimate_round_seconds, run_round
+from prrfl.site.trainer import estimate_round_seconds, run_round, score_last_download
 from prrfl.tasks.base import MissingCohort, SiteData, Task
 
 log = logging.getLogger("prrfl.site")
@@ -232,8 +232,17 @@ def run_task(runtime: SiteRuntime, task_name: str, model: flare.FLModel, setting
     if task_name == P.TASK_TRAIN:
         download = P.model_to_download(model)
         upload = run_round(runtime, download, model.meta[P.ROUND])
-        results = runtime.results()
-        summary = {k: results[k] for k in ("best", "last", "ood", "cohort")}
-        summary["download_drop"] = runtime.download_drop(model.meta[P.ROUND])  # the federation run's mean drop
-        return P.upload_to_model(upload, summary, download.params)
+        return P.upload_to_model(upload, round_summary(runtime, model.meta[P.ROUND]), download.params)
+    if task_name == P.TASK_SCORE:
+        score_last_download(runtime, P.model_to_download(model), model.meta[P.ROUND])
+        return flare.FLModel(params={}, meta={"summary": round_summary(runtime, model.meta[P.ROUND])})
     raise ValueError(f"site {runtime.name}: unknown task '{task_name}'")
+
+
+def round_summary(runtime: SiteRuntime, round_idx: int) -> dict:
+    """What the server keeps of a site's task: its best and last scores, its out-of-distribution scores, its
+    cohort and the drop right after round `round_idx`'s download (the federation run's mean drop)."""
+    results = runtime.results()
+    summary = {k: results[k] for k in ("best", "last", "ood", "cohort")}
+    summary["download_drop"] = runtime.download_drop(round_idx)
+    return summary

@@ -11,6 +11,7 @@ stops with the saved state of the last completed round.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +173,7 @@ class PersonalizedWorkflow(PerClientController):
         self.federation, self.state, self.sites, self.common, self.state_path = federation, state, sites, common, state_dir
         in_sim = places.in_simulator(self.fl_ctx.get_job_id() if self.fl_ctx else None)
         self._marker = places.mark_workspace(Path(self.get_run_dir()), state.run_id) if in_sim else None
-        if self.run_rounds(state.next_round, cfg.num_rounds, P.TASK_TRAIN):
+        if self.run_rounds(state.next_round, cfg.num_rounds, P.TASK_TRAIN) and self._score_last():
             self._finish(federation, self.state, state_dir)
 
     # ----- the hooks of PerClientController.run_rounds ---------------------------------------------------
@@ -221,6 +222,41 @@ class PersonalizedWorkflow(PerClientController):
         summaries = outcome.summary.summaries
         self._log_round(round_idx, summaries, task.primary_metric, method.eval_role)
         self._track_round(round_idx, summaries, method.server_scalars(outcome.downloads), task.primary_metric)
+        return True
+
+    def _score_last(self) -> bool:
+        """For a method that reports its global model (`Method.reports_download`): each site scores the last round's
+        aggregate as it scored every earlier one at its download, and may keep it as its best (TASK_SCORE; no
+        training). A site that does not answer keeps the best of the rounds it scored, with a warning. False when
+        the job was aborted."""
+        if not self.federation.method.reports_download() or not self.state.history:
+            return True
+        cfg, state = self.cfg, self.state
+        sites = [s for s in self.sites if s in state.downloads]
+        self.info(f"after round {cfg.num_rounds}/{cfg.num_rounds}: each site scores the last round's global model")
+        models = self.round_models(sites, cfg.num_rounds)
+        answers = self.send_each(P.TASK_SCORE, models, self.round_deadline(cfg.num_rounds), None)
+        if self.abort_signal.triggered:
+            return False
+        summaries = {}
+        for site in sites:
+            result = answers.results.get(site)
+            why = answers.missing.get(site) if result is None else (result.meta or {}).get(P.ERROR)
+            if why:
+                self.warning(f"{site} did not score the last round's global model: {why}; its best is that of the rounds before")
+            else:
+                summaries[site] = result.meta.get("summary", {})
+        if summaries:
+            new = copy.copy(state)
+            new.summaries = {**state.summaries, **summaries}
+            try:
+                self._save_state(new, self.state_path)
+            except OSError as e:
+                self.warning(f"cannot save the server's state with the last round's scores: {e}; the results below hold them")
+            self.state = new
+            metric = self.federation.task.primary_metric
+            scores = ", ".join(f"{s} {metric}={v['last']['test'][metric]:.1f}" for s, v in sorted(summaries.items()) if v.get("last"))
+            self.info(f"the last round's global model, test at each site: {scores}")
         return True
 
     def _log(self, events: list[Event]) -> None:

@@ -28,7 +28,8 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     if first and round_idx > 0:
         check_can_join(site, download, round_idx)
     method.on_download(view, download, first=first)
-    if round_idx > 0 and (cfg.eval_test_every_epoch or method.reports_download()):
+    scored = any(h["kind"] == "download" and h["round"] == round_idx for h in site.history)  # score_last_download, before an extension
+    if round_idx > 0 and (cfg.eval_test_every_epoch or method.reports_download()) and not scored:
         # right after the download, before any local step: where retrogress shows, and the global model's scores
         record_download(site, round_idx)
     if cfg.eval_test_every_epoch and round_idx > 0:
@@ -72,6 +73,22 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     upload = method.upload(view)
     site.save()
     return upload
+
+
+def score_last_download(site: SiteRuntime, download: Download, round_idx: int) -> None:
+    """The global model of the last round (round `round_idx` - 1 = num_rounds - 1), scored as every earlier round's
+    is at its download (`record_download`) and considered for the site's best, with no training: the authors' codes
+    test the aggregate after every round, the last included. Only for a method that reports its global model
+    (`Method.reports_download`). Done once: a repeated request (a resumed server) changes nothing."""
+    if not site.method.reports_download():
+        raise ValueError(f"site {site.name}: {site.cfg.method} reports its model after the local epochs; it has no global model to score")
+    if any(h["kind"] == "download" and h["round"] == round_idx for h in site.history):
+        return
+    site.method.on_download(site.view(), download, first=False)
+    record_download(site, round_idx)
+    site.ood = site.evaluate_best_on_ood()  # the best may now be the last round's
+    site.write_examples()
+    site.save()
 
 
 def record_download(site: SiteRuntime, round_idx: int) -> None:
