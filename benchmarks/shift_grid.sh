@@ -2,14 +2,14 @@
 # Calibration runs of the synthetic federations' site shift (`data.synthetic_shift`): the papers' baselines only
 # (FedAvg, FedBN, SiloBN, FedProx, IDA; never PRR or another method the bench judges), one `prrfl sweep` per
 # (task, shift), all of them side by side, each running its methods one after the other. Each federation is built
-# first (all of them at once, 2 workers each). Every run keeps its results.json with the settings it ran under.
+# first (all of them at once, WORKERS processes each). Every run keeps its results.json with the settings it ran under.
 #
 #   SHIFTS="1 2 3" TASKS="derm prostate" SEEDS=0 PROFILE=bench bash benchmarks/shift_grid.sh <workdir>
 #
 # METHODS (default "fedavg,fedbn,silobn,fedprox,ida") and EXTRA (more `--set KEY=VALUE` for every run, e.g.
 # "--set num_rounds=1") may be set too. EACH_METHOD=1 runs one sweep per (task, shift, method), all side by side
 # (a machine with many cores and a GPU), each in <workdir>/<task>_shift<s>.<method> until it ends, then moved in
-# beside the others. `prrfl report <workdir>/<task>_shift<s>/*_s[0-9]` tables each (task, shift).
+# beside the others. WORKERS (default 2): processes per federation build. `prrfl report <workdir>/<task>_shift<s>/*_s[0-9]` tables each (task, shift).
 set -euo pipefail
 WORK=${1:?usage: shift_grid.sh <workdir>}
 SHIFTS=${SHIFTS:-1 2 3}
@@ -25,7 +25,7 @@ case " $METHODS " in *prr*|*fml*|*fedproto*|*fca*|*harmofl*) echo "shift_grid.sh
 pids=()
 for task in $TASKS; do
   for s in $SHIFTS; do
-    $PY -m prrfl.cli data build "${task}_fedavg" --profile "$PROFILE" --set data.synthetic_shift="$s" $EXTRA --workers 2 \
+    $PY -m prrfl.cli data build "${task}_fedavg" --profile "$PROFILE" --set data.synthetic_shift="$s" $EXTRA --workers "${WORKERS:-2}" \
       > "$WORK/build_${task}_shift$s.log" 2>&1 &
     pids+=($!)
   done
