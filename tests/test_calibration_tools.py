@@ -24,17 +24,29 @@ def test_the_grid_refuses_a_method_the_bench_judges(tmp_path, methods):
 
 
 def _kept_run(
-    root: Path, device: str, task: str, shift: str, method: str, scores: dict[str, float], metric: str, reported_at: str | None = None
+    root: Path,
+    device: str,
+    task: str,
+    shift: str,
+    method: str,
+    scores: dict[str, float],
+    metric: str,
+    reported_at: str | None = None,
+    seed: int = 0,
+    global_rounds: int = 2,
 ) -> None:
-    run = root / device / f"{task}_shift{shift}" / f"{method}_s0"
+    """A kept run of 2 rounds; a global-model run ("download") scored the aggregates of rounds 0 .. global_rounds - 1."""
+    run = root / device / f"{task}_shift{shift}" / f"{method}_s{seed}"
     sites = {f"site-{i + 1}": {"cohort": c, "best": {"test": {metric: v}}} for i, (c, v) in enumerate(scores.items())}
     server = run / "server" / "simulate_job" / "results.json.gz"
     server.parent.mkdir(parents=True)
     server.write_bytes(gzip.compress(json.dumps({"sites": sites}).encode()))
-    site = run / "site-1" / "prrfl" / f"{task}_{method}_s0" / "results.json"
+    site = run / "site-1" / "prrfl" / f"{task}_{method}_s{seed}" / "results.json"
     site.parent.mkdir(parents=True)
-    site.write_text(json.dumps({"code_commit": "abcdef0123456789", **({"reported_at": reported_at} if reported_at else {})}))
-    (run.parent / f"{method}_s0.done.json").write_text("{}")
+    history = [{"kind": "download", "round": r + 1, "global_round": r} for r in range(global_rounds)]
+    extra = {"reported_at": reported_at, "history": history, "rounds_completed": 2} if reported_at else {}
+    site.write_text(json.dumps({"code_commit": "abcdef0123456789", **extra}))
+    (run.parent / f"{method}_s{seed}.done.json").write_text("{}")
 
 
 def test_the_table_gives_each_baselines_gap_to_fedavg_of_the_same_device_and_shift(tmp_path):
@@ -55,3 +67,27 @@ def test_the_table_gives_each_baselines_gap_to_fedavg_of_the_same_device_and_shi
     assert "* trained, cpu, shift 3, seed 0: FedAvg 50.00; fedbn +3.00 (+9.3)" in text
     gaps = text.split("the paper's gap in brackets")[1]
     assert "h100, shift 3" not in gaps and "global, cpu" not in gaps  # no FedAvg of that device or protocol
+
+
+def test_the_table_marks_runs_whose_last_aggregate_was_not_scored_and_reads_gaps_over_seeds(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import calibration_table
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    old = tmp_path / "old"
+    _kept_run(old, "cpu", "prostate", "1.5", "fedavg", {"U": 50.0, "R": 80.0}, "slice_dice", reported_at="download", global_rounds=1)
+    assert "| global, last unscored | cpu | abcdef0 | 1.5 | 0 | fedavg |" in "\n".join(
+        calibration_table.tables(calibration_table.runs(old))
+    )
+    # two seeds: FedBN's gaps 70 - 65 = +5 and 74 - 67 = +7 (mean +6.00, sample std sqrt(2) = 1.41); SiloBN one seed
+    for seed, fedavg, fedbn in ((0, (50.0, 80.0), (60.0, 80.0)), (1, (54.0, 80.0), (68.0, 80.0))):
+        _kept_run(tmp_path, "cpu", "prostate", "1.5", "fedavg", dict(zip("UR", fedavg)), "slice_dice", "download", seed)
+        _kept_run(tmp_path, "cpu", "prostate", "1.5", "fedbn", dict(zip("UR", fedbn)), "slice_dice", "download", seed)
+    _kept_run(tmp_path, "cpu", "prostate", "1.5", "silobn", {"U": 50.0, "R": 82.0}, "slice_dice", "download", 0)
+    text = "\n".join(calibration_table.tables(calibration_table.runs(tmp_path)))
+    line = next(li for li in text.splitlines() if li.startswith("* global, cpu, shift 1.5: FedAvg"))
+    assert "FedAvg 66.00 ± 1.41 (n=2)" in line  # (65 + 67) / 2
+    assert "fedbn +6.00 ± 1.41 (n=2; +5.2)" in line and "silobn +1.00 ± nan (n=1; +4.0)" in line
+    # the worst site U: 50 - 65 = -15 (FedBN 60) and 54 - 67 = -13 (FedBN 68)
+    assert line.endswith("FedAvg's worst site per seed: U -15.0 (FedBN 60.0), U -13.0 (FedBN 68.0)")
