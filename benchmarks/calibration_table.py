@@ -9,7 +9,9 @@ site's model after its local epochs, the protocol of runs made before `report_gl
 (device, model reported, shift, seed), each baseline's mean minus FedAvg's, beside the paper's gap. A gap is read
 between runs of one device: GPU and CPU runs of one seed do not give the same numbers.
 
-    python benchmarks/calibration_table.py [docs/results/calibration]
+    python benchmarks/calibration_table.py [docs/results/calibration] [--write docs/calibration.md]
+
+`--write` puts the tables into the document, between its `<!-- calibration_table: begin -->` and `end` lines.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def tables(found: list[dict]) -> list[str]:
     for task in sorted({r["task"] for r in found}):
         mine = [r for r in found if r["task"] == task]
         cohorts = list(dict.fromkeys(c for r in mine for c in r["sites"]))
-        lines += [f"## {task}: test {METRIC[task]} at each site's best validation round", ""]
+        lines += [f"### {task}: test {METRIC[task]} at each site's best validation round", ""]
         lines += ["| model reported | device | commit | shift | seed | method | " + " | ".join(cohorts) + " | mean |"]
         lines += ["|---" * (7 + len(cohorts)) + "|"]
         for r in mine:
@@ -149,9 +151,32 @@ def _std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else float("nan")
 
 
+BEGIN, END = "<!-- calibration_table: begin -->", "<!-- calibration_table: end -->"
+
+
+def write_into(doc: Path, text: str) -> None:
+    """Replace what stands between the BEGIN and END markers of `doc` with `text`."""
+    content = doc.read_text()
+    if content.count(BEGIN) != 1 or content.count(END) != 1:
+        raise SystemExit(f"{doc}: expected one '{BEGIN}' and one '{END}' line to write the tables between")
+    head, rest = content.split(BEGIN)
+    tail = rest.split(END)[1]
+    doc.write_text(f"{head}{BEGIN}\n\n{text.strip()}\n\n{END}{tail}")
+
+
 def main() -> None:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results/calibration")
-    print("\n".join(tables(runs(root))))
+    args = sys.argv[1:]
+    doc = None
+    if "--write" in args:
+        i = args.index("--write")
+        doc = Path(args[i + 1])
+        del args[i : i + 2]
+    root = Path(args[0] if args else "docs/results/calibration")
+    text = "\n".join(tables(runs(root)))
+    if doc is None:
+        print(text)
+    else:
+        write_into(doc, text)
 
 
 if __name__ == "__main__":
