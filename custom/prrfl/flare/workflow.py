@@ -231,8 +231,7 @@ class PersonalizedWorkflow(PerClientController):
         the job was aborted."""
         if not self.federation.method.reports_download() or not self.state.history:
             return True
-        cfg, state = self.cfg, self.state
-        sites = [s for s in self.sites if s in state.downloads]
+        cfg, state, sites = self.cfg, self.state, self.sites
         self.info(f"after round {cfg.num_rounds}/{cfg.num_rounds}: each site scores the last round's global model")
         models = self.round_models(sites, cfg.num_rounds)
         answers = self.send_each(P.TASK_SCORE, models, self.round_deadline(cfg.num_rounds), None)

@@ -28,7 +28,7 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     if first and round_idx > 0:
         check_can_join(site, download, round_idx)
     method.on_download(view, download, first=first)
-    scored = any(h["kind"] == "download" and h["round"] == round_idx for h in site.history)  # score_last_download, before an extension
+    scored = download_recorded(site, round_idx)  # by score_last_download, before the run was extended
     if round_idx > 0 and (cfg.eval_test_every_epoch or method.reports_download()) and not scored:
         # right after the download, before any local step: where retrogress shows, and the global model's scores
         record_download(site, round_idx)
@@ -82,13 +82,19 @@ def score_last_download(site: SiteRuntime, download: Download, round_idx: int) -
     (`Method.reports_download`). Done once: a repeated request (a resumed server) changes nothing."""
     if not site.method.reports_download():
         raise ValueError(f"site {site.name}: {site.cfg.method} reports its model after the local epochs; it has no global model to score")
-    if any(h["kind"] == "download" and h["round"] == round_idx for h in site.history):
+    if download_recorded(site, round_idx):
         return
     site.method.on_download(site.view(), download, first=False)
     record_download(site, round_idx)
-    site.ood = site.evaluate_best_on_ood()  # the best may now be the last round's
-    site.write_examples()
+    if site.best is not None and site.best["round"] == round_idx - 1:  # the last aggregate is the new best: run_round's
+        site.ood = site.evaluate_best_on_ood()  # out-of-distribution scores and examples were of the previous one
+        site.write_examples()
     site.save()
+
+
+def download_recorded(site: SiteRuntime, round_idx: int) -> bool:
+    """Whether round `round_idx`'s download has been scored (`record_download`) already."""
+    return any(h["kind"] == "download" and h["round"] == round_idx for h in site.history)
 
 
 def record_download(site: SiteRuntime, round_idx: int) -> None:
