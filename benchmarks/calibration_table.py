@@ -16,11 +16,14 @@ between runs of one device: GPU and CPU runs of one seed do not give the same nu
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+import scipy.stats
 
 from prrfl.storage import find_json, load_json
 
@@ -122,13 +125,17 @@ def over_seeds(task: str, mine: list[dict]) -> list[str]:
         if len(with_fedavg) < 2:
             continue
         if not lines:
-            lines += ["Over seeds (mean ± sample std of the per-seed gaps; n = seeds where both ran):", ""]
+            lines += [
+                "Over seeds (mean ± sample std of the per-seed gaps; n = seeds where both ran; CI: half-width of the 95 % "
+                "confidence interval of the mean gap, Student's t with n - 1 degrees of freedom):",
+                "",
+            ]
         methods = sorted({m for ms in with_fedavg.values() for m in ms} - {"fedavg"})
         base = [ms["fedavg"]["mean"] for ms in with_fedavg.values()]
         parts = [f"FedAvg {statistics.mean(base):.2f} ± {_std(base):.2f} (n={len(base)})"]
         for m in methods:
             gaps = [ms[m]["mean"] - ms["fedavg"]["mean"] for ms in with_fedavg.values() if m in ms]
-            parts.append(f"{m} {statistics.mean(gaps):+.2f} ± {_std(gaps):.2f} (n={len(gaps)}; {target(task, m)})")
+            parts.append(f"{m} {statistics.mean(gaps):+.2f} ± {_std(gaps):.2f} (n={len(gaps)}; CI ±{_ci(gaps):.1f}; {target(task, m)})")
         worst = []
         for ms in with_fedavg.values():
             sites = ms["fedavg"]["sites"]
@@ -149,6 +156,13 @@ def target(task: str, method: str) -> str:
 
 def _std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else float("nan")
+
+
+def _ci(values: list[float]) -> float:
+    """Half-width of the 95 % confidence interval of the mean of `values` (Student's t); nan below 2 values."""
+    if len(values) < 2:
+        return float("nan")
+    return float(scipy.stats.t.ppf(0.975, len(values) - 1)) * _std(values) / math.sqrt(len(values))
 
 
 BEGIN, END = "<!-- calibration_table: begin -->", "<!-- calibration_table: end -->"

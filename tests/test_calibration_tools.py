@@ -88,6 +88,43 @@ def test_the_table_marks_runs_whose_last_aggregate_was_not_scored_and_reads_gaps
     text = "\n".join(calibration_table.tables(calibration_table.runs(tmp_path)))
     line = next(li for li in text.splitlines() if li.startswith("* global, cpu, shift 1.5: FedAvg"))
     assert "FedAvg 66.00 ± 1.41 (n=2)" in line  # (65 + 67) / 2
-    assert "fedbn +6.00 ± 1.41 (n=2; +5.2)" in line and "silobn +1.00 ± nan (n=1; +4.0)" in line
+    # CI: t(0.975, 1 dof) = 12.706, times 1.41421 / sqrt(2) = 12.71
+    assert "fedbn +6.00 ± 1.41 (n=2; CI ±12.7; +5.2)" in line and "silobn +1.00 ± nan (n=1; CI ±nan; +4.0)" in line
     # the worst site U: 50 - 65 = -15 (FedBN 60) and 54 - 67 = -13 (FedBN 68)
     assert line.endswith("FedAvg's worst site per seed: U -15.0 (FedBN 60.0), U -13.0 (FedBN 68.0)")
+
+
+def _global_curve():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import global_curve
+    finally:
+        sys.path.pop(0)
+    return global_curve
+
+
+def test_the_rounds_rule_reads_the_smoothed_curve_of_the_global_model():
+    gc = _global_curve()
+    values = [26, 26, 40, 60, 62, 61, 63, 62]
+    # centred means over 3 (2 at the ends): 26, 30.67, 42, 54, 61, 62, 62, 62.5
+    assert gc.smoothed(values) == pytest.approx([26, 92 / 3, 42, 54, 61, 62, 62, 62.5])
+    assert gc.rounds_needed(values, within=2) == 5  # 61 >= 62.5 - 2 first at aggregate 4
+    assert gc.rounds_needed(values, within=10) == 4  # 54 >= 52.5 at aggregate 3
+    assert gc.rounds_needed([50.0], within=0) == 1
+
+
+def test_the_global_curve_is_the_mean_over_sites_of_each_aggregates_validation(tmp_path):
+    gc = _global_curve()
+    run = tmp_path / "fedavg_s0"
+    for i, curve in enumerate(([20.0, 40.0, 60.0], [30.0, 50.0])):  # the second site missed the last aggregate
+        history = [{"kind": "download", "round": r + 1, "global_round": r, "valid": {"f1": v}} for r, v in enumerate(curve)]
+        history.insert(0, {"kind": "round", "round": 0, "valid": {"f1": 99.0}})  # a trained model's score: not read
+        results = {"site": f"site-{i + 1}", "task": "derm", "history": history, "best": {"round": len(curve) - 1}}
+        path = run / f"site-{i + 1}" / "prrfl" / "r" / "results.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(results))
+    task, curves, best = gc.site_curves(run)
+    assert task == "derm" and best == {"site-1": 2, "site-2": 1}
+    assert gc.mean_curve(curves) == [25.0, 45.0]
+    with pytest.raises(SystemExit, match="no site's results.json"):
+        gc.site_curves(tmp_path / "empty")
