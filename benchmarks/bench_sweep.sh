@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
-# The bench plan of docs/results/bench, one (method, seed) run at a time, so that it can be spread over days
-# and machines: each run is a `prrfl sweep --profile bench` of its own (4 rounds x 5 local epochs, every
-# method alike; prrfl.flare.jobs.DERM_BENCH / PROSTATE_BENCH); after it finishes, its slim results
-# (benchmarks/keep_results.py: results.json, crosseval.json, the .done.json marker; no models) are copied
-# into docs/results/bench/<task>, and a run whose marker is there already is skipped.
+# The bench, one (method, seed) run at a time, so that it can be spread over days and machines: each run is a
+# `prrfl sweep --profile bench` of its own (4 rounds x 5 local epochs, every method alike; prrfl.flare.jobs.DERM_BENCH /
+# PROSTATE_BENCH); after it finishes, its slim results (benchmarks/keep_results.py: results.json, crosseval.json, the
+# .done.json marker; no models) are copied into docs/results/<plan folder>/<task>, and a run whose marker is there
+# already is skipped.
 #
-# PLAN=core (default): for each seed, prostate PRR, FedAvg, FedBN, PRR with det_rescue=0.9 and PRR without
-# each of PFA, DET and CPA (docs/results/bench/prostate_ablation), then dermoscopy PRR, FedAvg and FedBN.
-# PLAN=full adds FML, FCA (dermoscopy only) and HarmoFL, and the three PRR ablations of Table IV on
-# dermoscopy (docs/results/bench/derm_ablation). Seeds in order, so a partial plan is a complete comparison
-# for its first seeds.
+# PLAN=heldout (default; docs/results/heldout): the held-out bench on the calibrated federations (docs/calibration.md),
+# at each task's default data: every method of TMI Tables II and III (FedAvg, FedProx, SiloBN, IDA, FedBN, FedProto,
+# FML, PRR) plus FCA (dermoscopy) and HarmoFL, and the three PRR ablations of Table IV on dermoscopy
+# (heldout/derm_ablation). The five baselines' runs of the calibration are this bench's runs of them: a baseline run
+# kept in docs/results/calibration/global_every_round/cpu/<task>_shift<default>/ is read from there, not run again
+# (CALIBRATION names another folder of that layout, e.g. the h100 one).
+# PLAN=core / PLAN=full (docs/results/bench): the bench made on the federations before the calibration (prostate
+# shift 1, its FedAvg and FedBN scored after their local epochs). Its runs record the commit they ran with
+# (`code_commit`); these plans only rebuild its reports now (REPORTS_ONLY=1): to re-make a run, check out its commit.
+# Seeds in order, so a partial plan is a complete comparison for its first seeds.
 #
-#   bash benchmarks/bench_sweep.sh                 # the core plan, seeds 0, 1, 2
-#   SEEDS="0" PLAN=full bash benchmarks/bench_sweep.sh
+#   bash benchmarks/bench_sweep.sh                       # the held-out bench, seeds 0, 1, 2
+#   SEEDS="0" bash benchmarks/bench_sweep.sh
+#   TASKS="prostate derm" bash benchmarks/bench_sweep.sh  # the tasks of the plan (default: the calibrated ones)
 #   SWEEPS=/scratch/sweeps NICE=19 bash benchmarks/bench_sweep.sh
 #   RESULTS=/path/to/checkout/docs/results bash benchmarks/bench_sweep.sh   # run from a fixed worktree, keep elsewhere
-#   ONLY="fedavg fedbn" bash benchmarks/bench_sweep.sh   # only these methods' runs of the plan
+#   ONLY="prr fml" bash benchmarks/bench_sweep.sh        # only these methods' runs of the plan
 #   REPORTS_ONLY=1 bash benchmarks/bench_sweep.sh        # rebuild the reports from the runs kept, run nothing
+#   PLAN=core REPORTS_ONLY=1 bash benchmarks/bench_sweep.sh
 #
-# After each run the reports of docs/results/bench/{derm,prostate,derm_ablation}/report are rebuilt from every
-# run kept so far (the ablation report: PRR's own runs beside its variants).
+# After each run the reports of the plan's folders are rebuilt from every run kept so far (an ablation report: PRR's
+# own runs beside its variants).
 # A failed run is tried once more (a FLARE simulator worker can fail to start on a heavily loaded machine);
 # a second failure is printed and the plan goes on, unless the run before failed too (a full disk fails
 # every run in seconds): then the plan stops.
@@ -29,13 +36,32 @@ cd "$repo"
 sweeps=${SWEEPS:-$repo/sweeps}
 seeds=${SEEDS:-0 1 2}
 nice=${NICE:-0}
-plan=${PLAN:-core}
+plan=${PLAN:-heldout}
 results=${RESULTS:-$repo/docs/results}
-case "$plan" in core|full) ;; *) echo "PLAN must be core or full, got '$plan'" >&2; exit 2 ;; esac
+calibration=${CALIBRATION:-$results/calibration/global_every_round/cpu}
+tasks=${TASKS:-prostate}  # the calibrated ones (docs/calibration.md): dermoscopy joins once its calibration is done
+case "$plan" in
+  heldout) folder=heldout ;;
+  core | full) folder=bench ;;
+  *) echo "PLAN must be heldout, core or full, got '$plan'" >&2; exit 2 ;;
+esac
+if [ "$folder" = bench ] && [ "${REPORTS_ONLY:-0}" != 1 ]; then
+  echo "PLAN=$plan is the bench made before the calibration: it only rebuilds its reports (REPORTS_ONLY=1)" >&2
+  exit 2
+fi
 
 reports() {  # each folder's report from every run kept so far (a sweep's own report covers its own runs)
-  local d
-  local r=$results/bench
+  local r=$results/$folder task
+  if [ "$folder" = heldout ]; then
+    for task in $tasks; do
+      local kept=("$r/$task"/*_s[0-9]) cal=("$calibration/${task}_shift$(default_shift "$task")"/*_s[0-9])
+      [ -e "${kept[0]}" ] || [ -e "${cal[0]}" ] || continue
+      prrfl report $(ls -d "${kept[@]}" "${cal[@]}" 2> /dev/null) --reference prr --out "$r/$task/report" > /dev/null
+    done
+    ls -d "$r"/derm_ablation/*/prr_s[0-9] > /dev/null 2>&1 &&
+      prrfl report "$r"/derm/prr_s[0-9] "$r"/derm_ablation/*/prr_s[0-9] --out "$r"/derm_ablation/report > /dev/null
+    return 0
+  fi
   ls -d "$r"/derm/*_s[0-9] > /dev/null 2>&1 && prrfl report "$r"/derm/*_s[0-9] --out "$r"/derm/report > /dev/null
   ls -d "$r"/prostate/*_s[0-9] > /dev/null 2>&1 &&
     prrfl report "$r"/prostate/*_s[0-9] $(ls -d "$r"/prostate_rescue/*_s[0-9] 2> /dev/null) --out "$r"/prostate/report > /dev/null
@@ -43,6 +69,11 @@ reports() {  # each folder's report from every run kept so far (a sweep's own re
     prrfl report "$r"/prostate/prr_s[0-9] "$r"/prostate_ablation/*/prr_s[0-9] --out "$r"/prostate_ablation/report > /dev/null
   ls -d "$r"/derm_ablation/*/prr_s[0-9] > /dev/null 2>&1 &&
     prrfl report "$r"/derm/prr_s[0-9] "$r"/derm_ablation/*/prr_s[0-9] --out "$r"/derm_ablation/report > /dev/null
+  return 0
+}
+
+default_shift() {  # a task's default data.synthetic_shift, as its calibration folder names it
+  python -c "from prrfl.tasks.${1} import DEFAULT_DATA; print(f\"{DEFAULT_DATA['synthetic_shift']:g}\")"
 }
 
 run() {  # task seed method folder [--set KEY=VALUE ...]
@@ -53,6 +84,7 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
   local name=${method}_s$seed
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $method "* ]]; then return 0; fi
   if [ -f "$dst/$name.done.json" ]; then echo "$folder $name: kept already, skipped"; return 0; fi
+  if [ -n "${cal_kept:-}" ] && [ -f "$cal_kept/$name.done.json" ]; then echo "$folder $name: kept by the calibration, skipped"; return 0; fi
   mkdir -p "$dst" "$ws"
   python benchmarks/keep_results.py "$dst" "$ws" > /dev/null  # the finished runs, so the report covers them
   for attempt in 1 2; do
@@ -73,22 +105,23 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
   fi
 }
 failed_in_a_row=0
-if [ "${REPORTS_ONLY:-0}" = 1 ]; then reports; echo "reports rebuilt under $results/bench"; exit 0; fi
+if [ "${REPORTS_ONLY:-0}" = 1 ]; then reports; echo "reports rebuilt under $results/$folder"; exit 0; fi
 
+baselines="fedavg fedprox silobn ida fedbn"  # calibrated on (docs/calibration.md): their calibration runs count
 for seed in $seeds; do
-  for method in prr fedavg fedbn; do run prostate "$seed" "$method" bench/prostate; done
-  run prostate "$seed" prr bench/prostate_rescue --set method_args.det_rescue=0.9
-  # which of PRR's parts costs the small sites: PRR without PFA, without DET, without CPA (Table IV's switches)
-  run prostate "$seed" prr bench/prostate_ablation/no_pfa --set method_args.pfa_enabled=false
-  run prostate "$seed" prr bench/prostate_ablation/no_det --set method_args.det_enabled=false
-  run prostate "$seed" prr bench/prostate_ablation/no_cpa --set method_args.cpa_global=false --set method_args.cpa_local=false
-  for method in prr fedavg fedbn; do run derm "$seed" "$method" bench/derm; done
-  if [ "$plan" = full ]; then
-    for method in fml harmofl; do run prostate "$seed" "$method" bench/prostate; done
-    for method in fml fca harmofl; do run derm "$seed" "$method" bench/derm; done
-    run derm "$seed" prr bench/derm_ablation/no_pfa --set method_args.pfa_enabled=false
-    run derm "$seed" prr bench/derm_ablation/no_det --set method_args.det_enabled=false
-    run derm "$seed" prr bench/derm_ablation/no_cpa --set method_args.cpa_global=false --set method_args.cpa_local=false
-  fi
+  for task in $tasks; do
+    methods="$baselines fedproto fml prr harmofl"
+    [ "$task" = derm ] && methods="$methods fca"
+    for method in $methods; do
+      cal_kept=""
+      [[ " $baselines " == *" $method "* ]] && cal_kept=$calibration/${task}_shift$(default_shift "$task")
+      run "$task" "$seed" "$method" heldout/$task
+    done
+  done
+  cal_kept=""
+  [[ " $tasks " == *" derm "* ]] || continue
+  run derm "$seed" prr heldout/derm_ablation/no_pfa --set method_args.pfa_enabled=false
+  run derm "$seed" prr heldout/derm_ablation/no_det --set method_args.det_enabled=false
+  run derm "$seed" prr heldout/derm_ablation/no_cpa --set method_args.cpa_global=false --set method_args.cpa_local=false
 done
 echo "$(date +%T) bench plan done"
