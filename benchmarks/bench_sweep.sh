@@ -23,6 +23,7 @@
 #   RESULTS=/path/to/checkout/docs/results bash benchmarks/bench_sweep.sh   # run from a fixed worktree, keep elsewhere
 #   ONLY="prr fml" bash benchmarks/bench_sweep.sh        # only these methods' runs of the plan
 #   REPORTS_ONLY=1 bash benchmarks/bench_sweep.sh        # rebuild the reports from the runs kept, run nothing
+#   PARALLEL=12 bash benchmarks/bench_sweep.sh           # 12 runs side by side (a GPU machine); reports at the end
 #   PLAN=core REPORTS_ONLY=1 bash benchmarks/bench_sweep.sh
 #
 # After each run the reports of the plan's folders are rebuilt from every run kept so far (an ablation report: PRR's
@@ -36,6 +37,7 @@ cd "$repo"
 sweeps=${SWEEPS:-$repo/sweeps}
 seeds=${SEEDS:-0 1 2}
 nice=${NICE:-0}
+parallel=${PARALLEL:-1}  # runs side by side (a GPU machine): each in a workspace of its own, the reports at the end
 plan=${PLAN:-heldout}
 results=${RESULTS:-$repo/docs/results}
 calibration=${CALIBRATION:-$results/calibration/global_every_round/cpu}
@@ -72,8 +74,26 @@ reports() {  # each folder's report from every run kept so far (a sweep's own re
   return 0
 }
 
-default_shift() {  # a task's default data.synthetic_shift, as its calibration folder names it
-  python -c "from prrfl.tasks.${1} import DEFAULT_DATA; print(f\"{DEFAULT_DATA['synthetic_shift']:g}\")"
+declare -A shifts=()
+default_shift() {  # a task's default data.synthetic_shift, as its calibration folder names it (read once per task)
+  [ -n "${shifts[$1]:-}" ] ||
+    shifts[$1]=$(python -c "from prrfl.tasks.${1} import DEFAULT_DATA; print(f\"{DEFAULT_DATA['synthetic_shift']:g}\")")
+  echo "${shifts[$1]}"
+}
+
+attempts() {  # task sites seed method folder workspace destination [--set KEY=VALUE ...]: the run, tried twice
+  local task=$1 sites=$2 seed=$3 method=$4 folder=$5 ws=$6 dst=$7 attempt
+  shift 7
+  for attempt in 1 2; do
+    echo "$(date +%T) $folder ${method}_s$seed: attempt $attempt"
+    if nice -n "$nice" prrfl sweep --task "$task" --sites "$sites" --profile bench --methods "$method" --seeds "$seed" --workspace "$ws" "$@"; then
+      python benchmarks/keep_results.py "$ws" "$dst"
+      echo "$(date +%T) $folder ${method}_s$seed: kept in $dst"
+      return 0
+    fi
+  done
+  echo "$(date +%T) $folder ${method}_s$seed: FAILED twice; see $ws/${method}_s$seed.log"
+  return 1
 }
 
 run() {  # task seed method folder [--set KEY=VALUE ...]
@@ -85,19 +105,19 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $method "* ]]; then return 0; fi
   if [ -f "$dst/$name.done.json" ]; then echo "$folder $name: kept already, skipped"; return 0; fi
   if [ -n "${cal_kept:-}" ] && [ -f "$cal_kept/$name.done.json" ]; then echo "$folder $name: kept by the calibration, skipped"; return 0; fi
+  if [ "$parallel" -gt 1 ]; then  # a workspace of its own, so that a keep copies this run alone; reports at the end
+    while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
+    mkdir -p "$dst" "$ws/$name"
+    attempts "$task" "$sites" "$seed" "$method" "$folder" "$ws/$name" "$dst" "$@" > "$ws/$name.plan.log" 2>&1 &
+    return 0
+  fi
   mkdir -p "$dst" "$ws"
   python benchmarks/keep_results.py "$dst" "$ws" > /dev/null  # the finished runs, so the report covers them
-  for attempt in 1 2; do
-    echo "$(date +%T) $folder ${method}_s$seed: attempt $attempt"
-    if nice -n "$nice" prrfl sweep --task "$task" --sites "$sites" --profile bench --methods "$method" --seeds "$seed" --workspace "$ws" "$@"; then
-      python benchmarks/keep_results.py "$ws" "$dst"
-      reports
-      echo "$(date +%T) $folder ${method}_s$seed: kept in $dst"
-      failed_in_a_row=0
-      return 0
-    fi
-  done
-  echo "$(date +%T) $folder ${method}_s$seed: FAILED twice; see $ws/${method}_s$seed.log"
+  if attempts "$task" "$sites" "$seed" "$method" "$folder" "$ws" "$dst" "$@"; then
+    reports
+    failed_in_a_row=0
+    return 0
+  fi
   failed_in_a_row=$((failed_in_a_row + 1))
   if [ "$failed_in_a_row" -ge 2 ]; then  # two runs in a row: the machine (disk, memory), not one run
     echo "$(date +%T) two runs in a row failed twice: the plan stops here (check the machine, then start it again)"
@@ -108,6 +128,7 @@ failed_in_a_row=0
 if [ "${REPORTS_ONLY:-0}" = 1 ]; then reports; echo "reports rebuilt under $results/$folder"; exit 0; fi
 
 baselines="fedavg fedprox silobn ida fedbn"  # calibrated on (docs/calibration.md): their calibration runs count
+for task in $tasks; do default_shift "$task" > /dev/null; done  # read here: a command substitution's subshell would forget it
 for seed in $seeds; do
   for task in $tasks; do
     methods="$baselines fedproto fml prr harmofl"
@@ -124,4 +145,8 @@ for seed in $seeds; do
   run derm "$seed" prr heldout/derm_ablation/no_det --set method_args.det_enabled=false
   run derm "$seed" prr heldout/derm_ablation/no_cpa --set method_args.cpa_global=false --set method_args.cpa_local=false
 done
+if [ "$parallel" -gt 1 ]; then
+  wait
+  reports
+fi
 echo "$(date +%T) bench plan done"
