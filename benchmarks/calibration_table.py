@@ -6,7 +6,7 @@ the papers' tables (F1; Dice per slice) at every site's best validation round an
 run was made with and the model it reports ("global": the global model as each site receives it, every round's
 aggregate scored; "global, last unscored": the same before the last round's aggregate was scored too; "trained": the
 site's model after its local epochs, the protocol of runs made before `report_global_model` existed); then, per
-(device, model reported, shift, seed), each baseline's mean minus FedAvg's, beside the paper's gap. A gap is read
+(device, model reported, rounds, shift, seed), each baseline's mean minus FedAvg's, beside the paper's gap. A gap is read
 between runs of one device: GPU and CPU runs of one seed do not give the same numbers.
 
     python benchmarks/calibration_table.py [docs/results/calibration] [--write docs/calibration.md]
@@ -60,13 +60,14 @@ def runs(root: Path) -> list[dict]:
                 "method": run["method"],
                 "seed": int(run["seed"]),
                 "commit": (commit or "?")[:7],
+                "rounds": first.get("rounds_completed", "?"),
                 "reports": reported(first),
                 "sites": scores,
                 "mean": sum(scores.values()) / len(scores) if scores else float("nan"),
                 "done": (run_dir.parent / f"{run_dir.name}.done.json").is_file(),
             }
         )
-    return sorted(found, key=lambda r: (r["task"], r["reports"], r["device"], r["shift"], r["seed"], r["method"]))
+    return sorted(found, key=lambda r: (r["task"], r["reports"], r["device"], str(r["rounds"]), r["shift"], r["seed"], r["method"]))
 
 
 def reported(site: dict) -> str:
@@ -84,28 +85,28 @@ def tables(found: list[dict]) -> list[str]:
         mine = [r for r in found if r["task"] == task]
         cohorts = list(dict.fromkeys(c for r in mine for c in r["sites"]))
         lines += [f"### {task}: test {METRIC[task]} at each site's best validation round", ""]
-        lines += ["| model reported | device | commit | shift | seed | method | " + " | ".join(cohorts) + " | mean |"]
-        lines += ["|---" * (7 + len(cohorts)) + "|"]
+        lines += ["| model reported | device | commit | rounds | shift | seed | method | " + " | ".join(cohorts) + " | mean |"]
+        lines += ["|---" * (8 + len(cohorts)) + "|"]
         for r in mine:
             cells = " | ".join(f"{r['sites'][c]:.2f}" if c in r["sites"] else "–" for c in cohorts)
             mark = "" if r["done"] else " (no done marker)"
             lines.append(
-                f"| {r['reports']} | {r['device']} | {r['commit']} | {r['shift']:g} | {r['seed']} | {r['method']}{mark} | {cells} | {r['mean']:.2f} |"
+                f"| {r['reports']} | {r['device']} | {r['commit']} | {r['rounds']} | {r['shift']:g} | {r['seed']} | {r['method']}{mark} | {cells} | {r['mean']:.2f} |"
             )
         lines += [
             "",
-            "Each baseline's mean minus FedAvg's of the same model reported, device, shift and seed (the paper's gap in brackets):",
+            "Each baseline's mean minus FedAvg's of the same model reported, device, rounds, shift and seed (the paper's gap in brackets):",
             "",
         ]
         groups: dict[tuple, dict[str, float]] = defaultdict(dict)
         for r in mine:
-            groups[(r["reports"], r["device"], r["shift"], r["seed"])][r["method"]] = r["mean"]
-        for (reports, device, shift, seed), means in groups.items():
+            groups[(r["reports"], r["device"], r["rounds"], r["shift"], r["seed"])][r["method"]] = r["mean"]
+        for (reports, device, rounds, shift, seed), means in groups.items():
             if "fedavg" not in means:
                 continue
             gaps = [f"{m} {means[m] - means['fedavg']:+.2f} ({target(task, m)})" for m in means if m != "fedavg"]
             lines.append(
-                f"* {reports}, {device}, shift {shift:g}, seed {seed}: FedAvg {means['fedavg']:.2f}; "
+                f"* {reports}, {device}, {rounds} rounds, shift {shift:g}, seed {seed}: FedAvg {means['fedavg']:.2f}; "
                 + ("; ".join(gaps) or "no other baseline yet")
             )
         lines += ["", *over_seeds(task, mine), ""]
@@ -113,14 +114,14 @@ def tables(found: list[dict]) -> list[str]:
 
 
 def over_seeds(task: str, mine: list[dict]) -> list[str]:
-    """Per (model reported, device, shift) with FedAvg at two seeds or more: each baseline's gap to FedAvg, mean ±
+    """Per (model reported, device, rounds, shift) with FedAvg at two seeds or more: each baseline's gap to FedAvg, mean ±
     sample std over the seeds both ran (the targets' reading), and FedAvg's worst site: its mean distance below
     FedAvg's mean and what FedBN scores there."""
     by: dict[tuple, dict[int, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
     for r in mine:
-        by[(r["reports"], r["device"], r["shift"])][r["seed"]][r["method"]] = r
+        by[(r["reports"], r["device"], r["rounds"], r["shift"])][r["seed"]][r["method"]] = r
     lines = []
-    for (reports, device, shift), seeds in by.items():
+    for (reports, device, rounds, shift), seeds in by.items():
         with_fedavg = {s: m for s, m in seeds.items() if "fedavg" in m}
         if len(with_fedavg) < 2:
             continue
@@ -142,7 +143,12 @@ def over_seeds(task: str, mine: list[dict]) -> list[str]:
             site = min(sites, key=sites.get)
             lifted = ms["fedbn"]["sites"].get(site) if "fedbn" in ms else None
             worst.append(f"{site} {sites[site] - ms['fedavg']['mean']:+.1f}" + (f" (FedBN {lifted:.1f})" if lifted is not None else ""))
-        lines.append(f"* {reports}, {device}, shift {shift:g}: " + "; ".join(parts) + "; FedAvg's worst site per seed: " + ", ".join(worst))
+        lines.append(
+            f"* {reports}, {device}, {rounds} rounds, shift {shift:g}: "
+            + "; ".join(parts)
+            + "; FedAvg's worst site per seed: "
+            + ", ".join(worst)
+        )
     return lines
 
 

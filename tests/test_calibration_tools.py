@@ -34,8 +34,10 @@ def _kept_run(
     reported_at: str | None = None,
     seed: int = 0,
     global_rounds: int = 2,
+    rounds: int = 2,
 ) -> None:
-    """A kept run of 2 rounds; a global-model run ("download") scored the aggregates of rounds 0 .. global_rounds - 1."""
+    """A kept run of `rounds` rounds; a global-model run ("download") scored the aggregates of rounds 0 ..
+    global_rounds - 1."""
     run = root / device / f"{task}_shift{shift}" / f"{method}_s{seed}"
     sites = {f"site-{i + 1}": {"cohort": c, "best": {"test": {metric: v}}} for i, (c, v) in enumerate(scores.items())}
     server = run / "server" / "simulate_job" / "results.json.gz"
@@ -44,8 +46,8 @@ def _kept_run(
     site = run / "site-1" / "prrfl" / f"{task}_{method}_s{seed}" / "results.json"
     site.parent.mkdir(parents=True)
     history = [{"kind": "download", "round": r + 1, "global_round": r} for r in range(global_rounds)]
-    extra = {"reported_at": reported_at, "history": history, "rounds_completed": 2} if reported_at else {}
-    site.write_text(json.dumps({"code_commit": "abcdef0123456789", **extra}))
+    extra = {"reported_at": reported_at, "history": history} if reported_at else {}
+    site.write_text(json.dumps({"code_commit": "abcdef0123456789", "rounds_completed": rounds, **extra}))
     (run.parent / f"{method}_s{seed}.done.json").write_text("{}")
 
 
@@ -61,10 +63,10 @@ def test_the_table_gives_each_baselines_gap_to_fedavg_of_the_same_device_and_shi
     text = "\n".join(calibration_table.tables(calibration_table.runs(tmp_path)))
     _kept_run(tmp_path / "global", "cpu", "derm", "3", "fedbn", {"A": 10.0, "B": 10.0}, "f1", reported_at="download")
     text = "\n".join(calibration_table.tables(calibration_table.runs(tmp_path)))
-    assert "| trained | cpu | abcdef0 | 3 | 0 | fedbn | 74.00 | 32.00 | 53.00 |" in text
-    assert "| global | cpu | abcdef0 | 3 | 0 | fedbn | 10.00 | 10.00 | 10.00 |" in text
+    assert "| trained | cpu | abcdef0 | 2 | 3 | 0 | fedbn | 74.00 | 32.00 | 53.00 |" in text
+    assert "| global | cpu | abcdef0 | 2 | 3 | 0 | fedbn | 10.00 | 10.00 | 10.00 |" in text
     # (74 + 32) / 2 - (70 + 30) / 2 = 3.00; the paper's FedBN gap on dermoscopy 60.96 - 51.64 = 9.32
-    assert "* trained, cpu, shift 3, seed 0: FedAvg 50.00; fedbn +3.00 (+9.3)" in text
+    assert "* trained, cpu, 2 rounds, shift 3, seed 0: FedAvg 50.00; fedbn +3.00 (+9.3)" in text
     gaps = text.split("the paper's gap in brackets")[1]
     assert "h100, shift 3" not in gaps and "global, cpu" not in gaps  # no FedAvg of that device or protocol
 
@@ -77,7 +79,7 @@ def test_the_table_marks_runs_whose_last_aggregate_was_not_scored_and_reads_gaps
         sys.path.remove(str(ROOT / "benchmarks"))
     old = tmp_path / "old"
     _kept_run(old, "cpu", "prostate", "1.5", "fedavg", {"U": 50.0, "R": 80.0}, "slice_dice", reported_at="download", global_rounds=1)
-    assert "| global, last unscored | cpu | abcdef0 | 1.5 | 0 | fedavg |" in "\n".join(
+    assert "| global, last unscored | cpu | abcdef0 | 2 | 1.5 | 0 | fedavg |" in "\n".join(
         calibration_table.tables(calibration_table.runs(old))
     )
     # two seeds: FedBN's gaps 70 - 65 = +5 and 74 - 67 = +7 (mean +6.00, sample std sqrt(2) = 1.41); SiloBN one seed
@@ -85,8 +87,12 @@ def test_the_table_marks_runs_whose_last_aggregate_was_not_scored_and_reads_gaps
         _kept_run(tmp_path, "cpu", "prostate", "1.5", "fedavg", dict(zip("UR", fedavg)), "slice_dice", "download", seed)
         _kept_run(tmp_path, "cpu", "prostate", "1.5", "fedbn", dict(zip("UR", fedbn)), "slice_dice", "download", seed)
     _kept_run(tmp_path, "cpu", "prostate", "1.5", "silobn", {"U": 50.0, "R": 82.0}, "slice_dice", "download", 0)
+    # a longer schedule of the same seed is a comparison of its own, not mixed into the one above
+    longer = tmp_path / "schedule"
+    _kept_run(longer, "cpu", "prostate", "1.5", "fedavg", {"U": 90.0, "R": 90.0}, "slice_dice", "download", 0, 6, 6)
     text = "\n".join(calibration_table.tables(calibration_table.runs(tmp_path)))
-    line = next(li for li in text.splitlines() if li.startswith("* global, cpu, shift 1.5: FedAvg"))
+    assert "* global, cpu, 6 rounds, shift 1.5, seed 0: FedAvg 90.00; no other baseline yet" in text
+    line = next(li for li in text.splitlines() if li.startswith("* global, cpu, 2 rounds, shift 1.5: FedAvg"))
     assert "FedAvg 66.00 ± 1.41 (n=2)" in line  # (65 + 67) / 2
     # CI: t(0.975, 1 dof) = 12.706, times 1.41421 / sqrt(2) = 12.71
     assert "fedbn +6.00 ± 1.41 (n=2; CI ±12.7; +5.2)" in line and "silobn +1.00 ± nan (n=1; CI ±nan; +4.0)" in line
