@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The bench, one (method, seed) run at a time, so that it can be spread over days and machines: each run is a
-# `prrfl sweep --profile bench` of its own (4 rounds x 5 local epochs, every method alike; prrfl.flare.jobs.DERM_BENCH /
-# PROSTATE_BENCH); after it finishes, its slim results (benchmarks/keep_results.py: results.json, crosseval.json, the
-# .done.json marker; no models) are copied into docs/results/<plan folder>/<task>, and a run whose marker is there
-# already is skipped.
+# `prrfl sweep --profile bench` of its own (5 local epochs a round, 12 rounds on dermoscopy and 6 on prostate, every
+# method alike; prrfl.flare.jobs.DERM_BENCH / PROSTATE_BENCH); after it finishes, its slim results
+# (benchmarks/keep_results.py: results.json, crosseval.json, the .done.json marker; no models) are copied into
+# docs/results/<plan folder>/<task>, and a run whose marker is there already is skipped.
 #
 # PLAN=heldout (default; docs/results/heldout): the held-out bench on the calibrated federations (docs/calibration.md),
 # at each task's default data: every method of TMI Tables II and III (FedAvg, FedProx, SiloBN, IDA, FedBN, FedProto,
 # FML, PRR) plus FCA (dermoscopy) and HarmoFL, and the three PRR ablations of Table IV on dermoscopy
 # (heldout/derm_ablation). The five baselines' runs of the calibration are this bench's runs of them: a baseline run
-# kept in docs/results/calibration/global_every_round/cpu/<task>_shift<default>/ is read from there, not run again
-# (CALIBRATION names another folder of that layout, e.g. the h100 one).
+# kept in docs/results/calibration/bench/cpu/<task>_shift<default>/ is read from there, not run again (CALIBRATION
+# names another folder of that layout, e.g. a GPU's). A kept run counts only when it ran with the config the run
+# would have now (benchmarks/kept_run_matches.py: the schedule, the data, the method's options); otherwise it runs.
 # PLAN=core / PLAN=full (docs/results/bench): the bench made on the federations before the calibration (prostate
 # shift 1, its FedAvg and FedBN scored after their local epochs). Its runs record the commit they ran with
 # (`code_commit`); these plans only rebuild its reports now (REPORTS_ONLY=1): to re-make a run, check out its commit.
@@ -40,7 +41,7 @@ nice=${NICE:-0}
 parallel=${PARALLEL:-1}  # runs side by side (a GPU machine): each in a workspace of its own, the reports at the end
 plan=${PLAN:-heldout}
 results=${RESULTS:-$repo/docs/results}
-calibration=${CALIBRATION:-$results/calibration/global_every_round/cpu}
+calibration=${CALIBRATION:-$results/calibration/bench/cpu}  # the calibration's runs at the bench's schedule
 tasks=${TASKS:-prostate}  # the calibrated ones (docs/calibration.md): dermoscopy joins once its calibration is done
 case "$plan" in
   heldout) folder=heldout ;;
@@ -103,8 +104,17 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
   [ "$task" = prostate ] && sites=5
   local name=${method}_s$seed
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $method "* ]]; then return 0; fi
-  if [ -f "$dst/$name.done.json" ]; then echo "$folder $name: kept already, skipped"; return 0; fi
-  if [ -n "${cal_kept:-}" ] && [ -f "$cal_kept/$name.done.json" ]; then echo "$folder $name: kept by the calibration, skipped"; return 0; fi
+  local settings=() arg
+  for arg in "$@"; do [ "$arg" != --set ] && settings+=("$arg"); done
+  if [ -f "$dst/$name.done.json" ] && python benchmarks/kept_run_matches.py "$dst/$name.done.json" "$task" "$method" "$seed" "${settings[@]}"; then
+    echo "$folder $name: kept already, skipped"
+    return 0
+  fi
+  if [ -n "${cal_kept:-}" ] && [ -f "$cal_kept/$name.done.json" ] &&
+    python benchmarks/kept_run_matches.py "$cal_kept/$name.done.json" "$task" "$method" "$seed" "${settings[@]}"; then
+    echo "$folder $name: kept by the calibration, skipped"
+    return 0
+  fi
   if [ "$parallel" -gt 1 ]; then  # a workspace of its own, so that a keep copies this run alone; reports at the end
     while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
     mkdir -p "$dst" "$ws/$name"

@@ -134,3 +134,27 @@ def test_the_global_curve_is_the_mean_over_sites_of_each_aggregates_validation(t
     assert gc.mean_curve(curves) == [25.0, 45.0]
     with pytest.raises(SystemExit, match="no site's results.json"):
         gc.site_curves(tmp_path / "empty")
+
+
+def test_a_kept_run_counts_for_the_bench_only_with_the_config_the_bench_would_run_now(tmp_path):
+    """A calibration run that names the default shift matches; one of another schedule or method does not."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import kept_run_matches as krm
+    finally:
+        sys.path.pop(0)
+    from prrfl.sweep import run_config
+    from prrfl.tasks.prostate import DEFAULT_DATA
+
+    config = run_config("fedavg", 0, [f"data.synthetic_shift={DEFAULT_DATA['synthetic_shift']}"], "prostate", "bench").to_dict()
+    marker = tmp_path / "fedavg_s0.done.json"
+    marker.write_text(json.dumps({"config": config}))
+    assert krm.main([str(marker), "prostate", "fedavg", "0"]) == 0
+    assert krm.main([str(marker), "prostate", "fedavg", "1"]) == 1  # another seed
+    assert krm.main([str(marker), "prostate", "fedavg", "0", "num_rounds=2"]) == 1
+    assert krm.differences({"num_rounds": 4, "data": {"a": 1}}, {"num_rounds": 6, "data": {"a": 2}}) == [
+        "data.a: 1 -> 2",
+        "num_rounds: 4 -> 6",
+    ]
+    marker.write_text("not json")
+    assert krm.main([str(marker), "prostate", "fedavg", "0"]) == 2

@@ -19,7 +19,7 @@ that finished with the same config (its .done.json), so a long sweep can be spre
 sittings: run the same command again and it goes on with the first run not yet done.
 
 `--profile` picks the settings of every job: "quick" (the committed jobs), "bench" (the benchmark,
-about 15 min per PRR run on a 2-core CPU, 4 rounds x 5 epochs; prrfl.flare.jobs.DERM_BENCH / PROSTATE_BENCH) or "paper";
+5 local epochs per round, 12 rounds on dermoscopy and 6 on prostate; prrfl.flare.jobs.DERM_BENCH / PROSTATE_BENCH) or "paper";
 --set overrides apply on top.
 
 Run time on a 2-core CPU (no GPU) with the quick jobs (4 sites, synthetic federation at 8 % of

@@ -52,16 +52,15 @@ PROSTATE_PAPER: dict[str, Any] = {
 }
 
 
-# The benchmark (`prrfl sweep --profile bench`): the largest setting a 2-core CPU runs in about 15 min
-# per (method, seed) for PRR, at the paper's E = 5 local epochs per round, so that PRR's DET can reach its
-# Sublimate phase (a round's third epoch on; prrfl.algorithms.det.next_phase): 20 epochs in 4 rounds of 5,
-# the same 20 epochs FedAvg's own validation curves had flattened by (docs/results/bench_calibration).
-# Dermoscopy: 25 % of the Table I sizes (4x the quick jobs' images, so every site holds every class), 64 px,
-# at the paper's lr 1e-2; the paper's halving every 25 epochs is not reached in 20. Prostate: 60 % of the
-# Table I cases, 128 px slices, the quick jobs' network and schedule (lr halved after epochs 8 and 16 of 20).
-# Every method runs the same schedule.
-DERM_BENCH: dict[str, Any] = {"num_rounds": 4, "local_epochs": 5, "data": {"synthetic_scale": 0.25}}
-PROSTATE_BENCH: dict[str, Any] = {**PROSTATE_QUICK, "num_rounds": 4, "local_epochs": 5, "data": {"image_size": 128, "synthetic_scale": 0.6}}
+# The benchmark (`prrfl sweep --profile bench`), at the paper's E = 5 local epochs per round, so that PRR's DET can
+# reach its Sublimate phase (a round's third epoch on; prrfl.algorithms.det.next_phase). The number of rounds is
+# where FedAvg's global model stops climbing, by the rule of docs/calibration.md ("The schedule") read from a long
+# FedAvg run: 12 rounds on dermoscopy (60 epochs; its global model predicts one class for the first rounds), 6 on
+# prostate (30 epochs). Dermoscopy: 25 % of the Table I sizes (4x the quick jobs' images, so every site holds every
+# class), 64 px, at the paper's lr 1e-2 halved every 25 epochs. Prostate: 60 % of the Table I cases, 128 px slices,
+# the quick jobs' network and schedule (lr halved every 8 epochs). Every method runs the same schedule.
+DERM_BENCH: dict[str, Any] = {"num_rounds": 12, "local_epochs": 5, "data": {"synthetic_scale": 0.25}}
+PROSTATE_BENCH: dict[str, Any] = {**PROSTATE_QUICK, "num_rounds": 6, "local_epochs": 5, "data": {"image_size": 128, "synthetic_scale": 0.6}}
 
 # The settings of every <task>_<method> job under a profile: "quick" (the committed jobs), "bench", "paper".
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
