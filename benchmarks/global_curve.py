@@ -17,24 +17,24 @@ import argparse
 import statistics
 from pathlib import Path
 
-from prrfl.storage import find_json, load_json
+from prrfl.report.runs import RESULTS_GLOB, SiteResult
+from prrfl.storage import find_json
 
 METRIC = {"derm": "f1", "prostate": "slice_dice"}
 
 
 def site_curves(run: Path) -> tuple[str, dict[str, list[float]], dict[str, int]]:
-    """(task, site -> validation metric of each aggregate in round order, site -> selected round) of one run."""
-    curves, best, task = {}, {}, ""
-    for path in find_json(run, "results.json", recursive=True):
-        if path.parent.name == "simulate_job" or "site" not in (r := load_json(path)):
-            continue
-        task = r["task"]
-        scored = sorted((h for h in r["history"] if "global_round" in h), key=lambda h: h["global_round"])
-        curves[r["site"]] = [h["valid"][METRIC[task]] for h in scored]
-        best[r["site"]] = r["best"]["round"] if r.get("best") else -1
-    if not curves:
+    """(task, site -> validation metric of each aggregate in round order, site -> selected round) of one run, read
+    with the report's loader (prrfl.report.runs.SiteResult)."""
+    sites = [r for r in map(SiteResult.load, find_json(run, RESULTS_GLOB)) if r is not None]
+    if not sites:
         raise SystemExit(f"{run}: no site's results.json with the global model scored per round (report_global_model)")
-    return task, curves, best
+    curves, best = {}, {}
+    for r in sites:
+        scored = sorted((h for h in r.history if "global_round" in h), key=lambda h: h["global_round"])
+        curves[r.site] = [h["valid"][METRIC[r.task]] for h in scored]
+        best[r.site] = r.best["round"] if r.best else -1
+    return sites[0].task, curves, best
 
 
 def mean_curve(curves: dict[str, list[float]]) -> list[float]:
