@@ -1,7 +1,8 @@
 """Whether a kept run (its <method>_s<seed>.done.json) ran with the config a bench run would use now: the job's
 config under the bench profile with the overrides and the seed, each side's `data` completed with the task's
-defaults (a calibration run names `data.synthetic_shift` where the bench leaves the default). Exit status 0 when
-they match, 1 when not (the differing fields printed), 2 when the marker cannot be read.
+defaults (a calibration run names `data.synthetic_shift` where the bench leaves the default), by the rule `prrfl
+sweep` itself skips a finished run by (prrfl.sweep.config_differences). Exit status 0 when they match, 1 when not
+(the differing fields printed), 2 when the marker cannot be read.
 
     python benchmarks/kept_run_matches.py <done.json> <task> <method> <seed> [KEY=VALUE ...]
 
@@ -11,31 +12,11 @@ again instead of being read as the bench's.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
-from typing import Any
 
 from prrfl.storage import load_json
-from prrfl.sweep import run_config
-
-
-def normalized(config: dict[str, Any], task: str) -> dict[str, Any]:
-    """The config without its run name, its data completed with the task's defaults."""
-    defaults = importlib.import_module(f"prrfl.tasks.{task}").DEFAULT_DATA
-    return {**{k: v for k, v in config.items() if k != "run_name"}, "data": {**defaults, **config.get("data", {})}}
-
-
-def differences(kept: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
-    """'field: kept -> wanted' for each field (data's one by one) that differs."""
-    out = []
-    for key in sorted(set(kept) | set(wanted)):
-        a, b = kept.get(key), wanted.get(key)
-        if key == "data" and isinstance(a, dict) and isinstance(b, dict):
-            out += [f"data.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-        elif a != b:
-            out.append(f"{key}: {a!r} -> {b!r}")
-    return out
+from prrfl.sweep import config_differences, run_config
 
 
 def main(argv: list[str]) -> int:
@@ -48,8 +29,7 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"{marker}: no readable config ({e})", file=sys.stderr)
         return 2
-    wanted = run_config(method, int(seed), overrides, task, "bench").to_dict()
-    diff = differences(normalized(kept, task), normalized(wanted, task))
+    diff = config_differences(kept, run_config(method, int(seed), overrides, task, "bench"))
     if diff:
         print(f"{marker}: another config than the bench's now: " + "; ".join(diff))
     return 1 if diff else 0

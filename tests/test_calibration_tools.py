@@ -152,9 +152,5 @@ def test_a_kept_run_counts_for_the_bench_only_with_the_config_the_bench_would_ru
     assert krm.main([str(marker), "prostate", "fedavg", "0"]) == 0
     assert krm.main([str(marker), "prostate", "fedavg", "1"]) == 1  # another seed
     assert krm.main([str(marker), "prostate", "fedavg", "0", "num_rounds=2"]) == 1
-    assert krm.differences({"num_rounds": 4, "data": {"a": 1}}, {"num_rounds": 6, "data": {"a": 2}}) == [
-        "data.a: 1 -> 2",
-        "num_rounds: 4 -> 6",
-    ]
     marker.write_text("not json")
     assert krm.main([str(marker), "prostate", "fedavg", "0"]) == 2

@@ -361,6 +361,27 @@ def test_sweep_skips_runs_that_finished_with_the_same_config_and_reruns_a_change
     assert not (tmp_path / "prr_s1.done.json").exists()  # a run that failed is not marked done
 
 
+def test_a_run_naming_a_data_default_is_the_same_run_as_one_leaving_it_out(tmp_path):
+    """The sweep and the bench (benchmarks/kept_run_matches.py) skip a finished run by one rule: data completed
+    with the task's defaults on both sides; another value of the same setting, or an unreadable record, differs."""
+    from prrfl.sweep import config_differences, run_config
+    from prrfl.tasks.derm import DEFAULT_DATA
+
+    shift = DEFAULT_DATA["synthetic_shift"]
+    sweep(["fedavg"], [0], tmp_path, sites=4, overrides=["num_rounds=3", f"data.synthetic_shift={shift}"], runner=FakeSimulator())
+    again = FakeSimulator()
+    sweep(["fedavg"], [0], tmp_path, sites=4, overrides=["num_rounds=3"], runner=again)
+    assert again.configs == []  # the default named or left out: one run
+    kept = run_config("fedavg", 0, ["num_rounds=3", f"data.synthetic_shift={shift}"]).to_dict()
+    assert config_differences(kept, run_config("fedavg", 0, ["num_rounds=3"])) == []
+    assert config_differences(kept, run_config("fedavg", 0, ["num_rounds=4", "data.synthetic_shift=2"])) == [
+        f"data.synthetic_shift: {shift!r} -> 2",
+        "num_rounds: 3 -> 4",
+    ]
+    assert config_differences({"method": "nope"}, run_config("fedavg", 0))[0].startswith("config: not a valid config")
+    assert config_differences(None, run_config("fedavg", 0))[0].startswith("config: not a valid config")
+
+
 def test_an_ablation_sweep_reports_its_runs_under_the_options_it_set(tmp_path):
     fake = FakeSimulator()
     report = sweep(["prr"], [0], tmp_path, sites=4, overrides=[f"num_rounds={ROUNDS}", "method_args.det_enabled=false"], runner=fake)

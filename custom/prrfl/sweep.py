@@ -15,8 +15,9 @@ prrfl.report, exactly as `prrfl report` does for hand-made runs. Layout under th
 All jobs are exported before the first run starts, so an unknown method or a bad override fails in
 seconds rather than after hours of training. The run name carries the seed, so the sites' state
 folders of different seeds never collide. A sweep started again on the same folder skips each run
-that finished with the same config (its .done.json), so a long sweep can be spread over several
-sittings: run the same command again and it goes on with the first run not yet done.
+that finished with the same config (its .done.json; config_differences: a data default named or left out
+is the same), so a long sweep can be spread over several sittings: run the same command again and it goes on
+with the first run not yet done.
 
 `--profile` picks the settings of every job: "quick" (the committed jobs), "bench" (the benchmark,
 5 local epochs per round, 12 rounds on dermoscopy and 6 on prostate; prrfl.flare.jobs.DERM_BENCH / PROSTATE_BENCH) or "paper";
@@ -41,13 +42,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from prrfl.config import RunConfig, apply_overrides
+from prrfl.config import ConfigError, RunConfig, apply_overrides
 from prrfl.crosseval import summary_line, write_crosseval
 from prrfl.errors import CommandFailed
 from prrfl.flare.jobs import job_config
 from prrfl.flare.recipe import export_job
-from prrfl.registry import validate_job
+from prrfl.registry import build_task, validate_config, validate_job
 from prrfl.report import SiteResult, build_report, variant_label
 from prrfl.storage import load_json, save_json
 
@@ -81,8 +83,34 @@ class SweepRun:
             done = load_json(self.done_marker)
         except (OSError, ValueError):
             return False
-        same = isinstance(done, dict) and done.get("config") == self.cfg.to_dict() and done.get("sites") == sites
-        return same and finished_sites(self) >= sites
+        if not isinstance(done, dict) or done.get("sites") != sites:
+            return False
+        return not config_differences(done.get("config"), self.cfg) and finished_sites(self) >= sites
+
+
+def effective_config(cfg: RunConfig) -> dict[str, Any]:
+    """The config as a run uses it: its `data` completed with the task's defaults, so that a run naming a
+    default explicitly (e.g. `--set data.synthetic_shift=<the default>`) is the same run as one leaving it out."""
+    return {**cfg.to_dict(), "data": build_task(cfg).data_cfg}
+
+
+def config_differences(kept: Any, wanted: RunConfig) -> list[str]:
+    """'field: kept -> wanted' for each setting (data's one by one) in which a finished run's recorded config
+    differs from `wanted`, both taken as the run uses them (effective_config); empty when they are the same run.
+    A record that is not a valid config (an older format, a setting that no longer exists) differs as a whole."""
+    try:
+        a = effective_config(validate_config(kept))
+    except (ConfigError, TypeError, ValueError, KeyError, AttributeError) as e:
+        return [f"config: not a valid config ({e})"]
+    b = effective_config(wanted)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if key == "data":
+            out += [f"data.{k}: {x.get(k)!r} -> {y.get(k)!r}" for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+        elif x != y:
+            out.append(f"{key}: {x!r} -> {y!r}")
+    return out
 
 
 def job_name(task: str, method: str) -> str:
