@@ -57,9 +57,10 @@ reports() {  # each folder's report from every run kept so far (a sweep's own re
   local r=$results/$folder task
   if [ "$folder" = heldout ]; then
     for task in $tasks; do
-      local kept=("$r/$task"/*_s[0-9]) cal=("$calibration/${task}_shift$(default_shift "$task")"/*_s[0-9])
-      [ -e "${kept[0]}" ] || [ -e "${cal[0]}" ] || continue
-      prrfl report $(ls -d "${kept[@]}" "${cal[@]}" 2> /dev/null) --reference prr --out "$r/$task/report" > /dev/null
+      local done=("$r/$task"/*_s[0-9].done.json "$calibration/${task}_shift$(default_shift "$task")"/*_s[0-9].done.json) runs=() m
+      for m in "${done[@]}"; do [ -f "$m" ] && runs+=("${m%.done.json}"); done  # finished runs only
+      [ "${#runs[@]}" -gt 0 ] || continue
+      prrfl report "${runs[@]}" --reference prr --out "$r/$task/report" > /dev/null
     done
     ls -d "$r"/derm_ablation/*/prr_s[0-9] > /dev/null 2>&1 &&
       prrfl report "$r"/derm/prr_s[0-9] "$r"/derm_ablation/*/prr_s[0-9] --out "$r"/derm_ablation/report > /dev/null
@@ -89,6 +90,8 @@ attempts() {  # task sites seed method folder workspace destination [--set KEY=V
     echo "$(date +%T) $folder ${method}_s$seed: attempt $attempt"
     if nice -n "$nice" prrfl sweep --task "$task" --sites "$sites" --profile bench --methods "$method" --seeds "$seed" --workspace "$ws" "$@"; then
       python benchmarks/keep_results.py "$ws" "$dst"
+      local d
+      for d in "$dst"/*_s[0-9]; do [ -f "$d.done.json" ] || rm -rf "$d"; done  # a failed run's partial results stay behind
       echo "$(date +%T) $folder ${method}_s$seed: kept in $dst"
       return 0
     fi
