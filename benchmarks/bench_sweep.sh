@@ -44,21 +44,21 @@ results=${RESULTS:-$repo/docs/results}
 calibration=${CALIBRATION:-$results/calibration/bench/cpu}  # the calibration's runs at the bench's schedule
 tasks=${TASKS:-prostate}  # the calibrated ones (docs/calibration.md): dermoscopy joins once its calibration is done
 case "$plan" in
-  heldout) folder=heldout ;;
-  core | full) folder=bench ;;
+  heldout) plan_folder=heldout ;;
+  core | full) plan_folder=bench ;;
   *) echo "PLAN must be heldout, core or full, got '$plan'" >&2; exit 2 ;;
 esac
-if [ "$folder" = bench ] && [ "${REPORTS_ONLY:-0}" != 1 ]; then
+if [ "$plan_folder" = bench ] && [ "${REPORTS_ONLY:-0}" != 1 ]; then
   echo "PLAN=$plan is the bench made before the calibration: it only rebuilds its reports (REPORTS_ONLY=1)" >&2
   exit 2
 fi
 
 reports() {  # each folder's report from every run kept so far (a sweep's own report covers its own runs)
-  local r=$results/$folder task
-  if [ "$folder" = heldout ]; then
+  local r=$results/$plan_folder task
+  if [ "$plan_folder" = heldout ]; then
     for task in $tasks; do
-      local done=("$r/$task"/*_s[0-9].done.json "$calibration/${task}_shift$(default_shift "$task")"/*_s[0-9].done.json) runs=() m
-      for m in "${done[@]}"; do [ -f "$m" ] && runs+=("${m%.done.json}"); done  # finished runs only
+      local markers=("$r/$task"/*_s[0-9].done.json "$calibration/${task}_shift$(default_shift "$task")"/*_s[0-9].done.json) runs=() m
+      for m in "${markers[@]}"; do [ -f "$m" ] && runs+=("${m%.done.json}"); done  # finished runs only
       [ "${#runs[@]}" -gt 0 ] || continue
       prrfl report "${runs[@]}" --reference prr --out "$r/$task/report" > /dev/null
     done
@@ -140,7 +140,7 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
   fi
 }
 failed_in_a_row=0
-if [ "${REPORTS_ONLY:-0}" = 1 ]; then reports; echo "reports rebuilt under $results/$folder"; exit 0; fi
+if [ "${REPORTS_ONLY:-0}" = 1 ]; then reports; echo "reports rebuilt under $results/$plan_folder"; exit 0; fi
 
 baselines="fedavg fedprox silobn ida fedbn"  # calibrated on (docs/calibration.md): their calibration runs count
 for task in $tasks; do default_shift "$task" > /dev/null; done  # read here: a command substitution's subshell would forget it
