@@ -89,9 +89,7 @@ attempts() {  # task sites seed method folder workspace destination [--set KEY=V
   for attempt in 1 2; do
     echo "$(date +%T) $folder ${method}_s$seed: attempt $attempt"
     if nice -n "$nice" prrfl sweep --task "$task" --sites "$sites" --profile bench --methods "$method" --seeds "$seed" --workspace "$ws" "$@"; then
-      python benchmarks/keep_results.py "$ws" "$dst"
-      local d
-      for d in "$dst"/*_s[0-9]; do [ -f "$d.done.json" ] || rm -rf "$d"; done  # a failed run's partial results stay behind
+      python benchmarks/keep_results.py "$ws" "$dst"  # finished runs only: a failed run's partial results stay behind
       echo "$(date +%T) $folder ${method}_s$seed: kept in $dst"
       return 0
     fi

@@ -1,6 +1,8 @@
 """Copy what a sweep's report is built from, and nothing heavier, into another folder with the same
 layout: every results.json (sites and server) and crosseval.json, gzip-compressed (<name>.json.gz, which
-`prrfl report` and `prrfl results` read as they read the plain files) and each run's <name>.done.json. Models,
+`prrfl report` and `prrfl results` read as they read the plain files) and each run's <name>.done.json. Only
+finished runs are copied: a run folder's histories only when its <name>.done.json marker lies beside it, so a
+failed or stopped run leaves nothing a report could read as if it were whole. Models,
 TensorBoard events, examples arrays, simulator workspaces and the sweep's own report stay behind
 (benchmarks/bench_sweep.sh rebuilds the reports from every run kept).
 
@@ -37,13 +39,20 @@ def kept_name(path: Path) -> str | None:
     return path.name if path.name.endswith(".done.json") else None
 
 
+def finished(src: Path, rel: Path) -> bool:
+    """Whether `rel` (a file under `src`) is a done marker or lies in a run folder that has one beside it."""
+    if rel.name.endswith(".done.json"):
+        return True
+    return any((src / folder).with_name(folder.name + ".done.json").is_file() for folder in rel.parents if folder.parts)
+
+
 def keep(src: Path, dst: Path) -> int:
     copied = 0
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         name = kept_name(path) if path.is_file() else None
         skipped = rel.parts[0] in ("jobs", "report") or rel.parts[0].endswith(".state")  # state folders: models, copies
-        if name and not skipped:
+        if name and not skipped and finished(src, rel):
             target = dst / rel.parent / name
             target.parent.mkdir(parents=True, exist_ok=True)
             if name == path.name:

@@ -54,6 +54,19 @@ def test_a_kept_sweep_holds_compressed_histories_and_nothing_heavier(tmp_path):
     assert gzip.decompress((tmp_path / "again/prr_s0/site-1/prrfl/prostate_prr_s0/results.json.gz").read_bytes()) == history.encode()
 
 
+def test_only_finished_runs_are_kept(tmp_path):
+    """A run stopped or failed part-way (no .done.json beside its folder) leaves its partial histories behind, at
+    any depth: a report built from the kept folder never reads 4 of 5 sites as a whole run."""
+    sweep, kept = tmp_path / "sweep", tmp_path / "kept"
+    for run in ("derm_shift2/fedavg_s0", "derm_shift2/fedbn_s0", "fml_s1"):
+        write(sweep / run / "site-1/prrfl/r/results.json", '{"a": 1}')
+    write(sweep / "derm_shift2/fedavg_s0.done.json")
+    write(sweep / "fml_s1/prrfl/r/crosseval.json")
+    assert keep_results().keep(sweep, kept) == 2
+    files = sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file())
+    assert files == ["derm_shift2/fedavg_s0.done.json", "derm_shift2/fedavg_s0/site-1/prrfl/r/results.json.gz"]
+
+
 def test_slim_compresses_in_place_and_a_plain_file_wins_over_its_compressed_copy(tmp_path):
     write(tmp_path / "run/site-1/prrfl/r/results.json", '{"a": 1}')
     write(tmp_path / "run/site-1/prrfl/r/examples.npz", "arrays")
