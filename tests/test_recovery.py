@@ -12,8 +12,8 @@ import torch
 from conftest import make_runtime, tiny_derm_config
 from test_site_loop import initial_download, next_download
 
-from prrfl.flare import places
-from prrfl.flare.liveness import Deadline
+from prrfl.flare import liveness, places
+from prrfl.flare.liveness import Deadline, WorkerWatch
 from prrfl.flare.site_app import build_runtime
 from prrfl.flare.site_config import SiteConfig
 from prrfl.flare.workflow import PREVIOUS_STATE_FILE, STATE_FILE, PersonalizedWorkflow
@@ -200,6 +200,34 @@ def test_the_deadline_follows_the_measured_work():
     for bad in ({"timeout": -1}, {"timeout": "soon"}, {"floor": 0}, {"factor": True}):
         with pytest.raises(ValueError):
             Deadline(**bad)
+
+
+def test_a_simulator_site_whose_process_died_before_the_task_is_not_waited_for_until_the_deadline(monkeypatch):
+    """In the simulator a site's process can die before the task reaches it (a worker unable to connect at
+    start): WorkerWatch never sees it. Once another site answered and no site owing an answer has a process
+    for max(60 s, 3 x the slowest answer), it is gone; a site merely waiting for a simulator thread gets one
+    before that, and a seen site that ends is gone after 10 s as before."""
+    table: dict[str, list] = {}
+    monkeypatch.setattr(liveness, "simulator_workers", lambda: table)
+    watch = WorkerWatch()
+    table.update({"site-2": [object()], "site-3": [object()]})  # site-1's process died before the task
+    assert watch.gone({"site-1", "site-2", "site-3"}, now=0.0) == set()
+    assert watch.gone({"site-1", "site-2", "site-3"}, now=500.0) == set()  # the others work: site-1 may be waiting
+    del table["site-2"], table["site-3"]  # both answered (site-3 after 30 s, the slowest) and idle: not owing
+    assert watch.gone({"site-1"}, now=600.0, slowest_answer=30.0) == set()  # no owing site has a process from now
+    assert watch.gone({"site-1"}, now=659.0, slowest_answer=30.0) == set()  # 59 s < max(60, 3 x 30)
+    assert watch.gone({"site-1"}, now=690.0, slowest_answer=30.0) == {"site-1"}  # 90 s: gone
+    assert watch.gone({"site-1"}, now=690.0, slowest_answer=40.0) == set()  # 3 x 40 = 120 s not yet over
+
+    waiting = WorkerWatch()  # fewer simulator threads than sites: site-1 gets a thread once the others answered
+    assert waiting.gone({"site-1"}, now=0.0, slowest_answer=30.0) == set()
+    table["site-1"] = [object()]
+    assert waiting.gone({"site-1"}, now=20.0, slowest_answer=30.0) == set()
+    assert waiting.gone({"site-1"}, now=5000.0, slowest_answer=30.0) == set()  # working: only the deadline ends it
+    del table["site-1"]  # its process ends without an answer
+    assert waiting.gone({"site-1"}, now=5005.0, slowest_answer=30.0) == set()
+    assert waiting.gone({"site-1"}, now=5015.0, slowest_answer=30.0) == {"site-1"}  # seen, then absent 10 s
+    assert WorkerWatch().gone({"site-1"}, now=1e6) == set()  # nobody answered yet: never judged unseen
 
 
 # ----- results table --------------------------------------------------------------------------

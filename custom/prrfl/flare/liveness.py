@@ -104,14 +104,25 @@ class WorkerWatch:
 
     A site counts as gone once its process was seen and has then been absent for `grace` seconds (a process
     that answered and ended normally, with fewer simulator threads than sites, has its answer in by then).
-    A site whose process was never seen (waiting for a simulator thread) is never judged."""
+    A site whose process was never seen may be waiting for a simulator thread, or its process may have died
+    before the task was sent (a worker that cannot connect to the server at start): it counts as gone only
+    once another site has answered and no site still owing an answer has had a process for
+    max(`unseen_grace`, `unseen_factor` x the slowest answer so far) seconds. A waiting site gets a thread
+    within about one answer's time once the others are done, while a dead one would otherwise be waited for
+    until the task's deadline (prepare's: 2 h)."""
 
     grace: float = 10.0
+    unseen_grace: float = 60.0
+    unseen_factor: float = 3.0
     seen: set[str] = field(default_factory=set)
     absent_since: dict[str, float] = field(default_factory=dict)
+    idle_since: float | None = None  # since when no site still owing an answer has had a process
 
-    def gone(self, sites: Iterable[str], now: float | None = None) -> set[str]:
+    def gone(self, sites: Iterable[str], now: float | None = None, slowest_answer: float | None = None) -> set[str]:
+        """`sites`: those still owing an answer; `slowest_answer`: seconds the slowest answer so far took
+        (None: nobody answered yet)."""
         now = time.time() if now is None else now
+        sites = set(sites)
         alive = simulator_workers()
         for site in sites:
             if alive.get(site):
@@ -119,7 +130,15 @@ class WorkerWatch:
                 self.absent_since.pop(site, None)
             elif site in self.seen:
                 self.absent_since.setdefault(site, now)
-        return {s for s in sites if s in self.absent_since and now - self.absent_since[s] >= self.grace}
+        if any(alive.get(site) for site in sites):
+            self.idle_since = None
+        elif self.idle_since is None:
+            self.idle_since = now
+        lost = {s for s in sites if s in self.absent_since and now - self.absent_since[s] >= self.grace}
+        if slowest_answer is not None and self.idle_since is not None:
+            if now - self.idle_since >= max(self.unseen_grace, self.unseen_factor * slowest_answer):
+                lost |= sites - self.seen
+        return lost
 
 
 def release_lost_workers(sites: Iterable[str], grace: float = 30.0) -> list[str]:

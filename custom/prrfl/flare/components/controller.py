@@ -189,7 +189,7 @@ class PerClientController(ModelController):
             self.send_model(task_name, model, targets=[client], callback=collect)
         while self.get_num_standing_tasks() and not self.abort_signal.triggered:
             if watch is not None:
-                ended = watch.gone(set(models) - set(answers.results))
+                ended = watch.gone(set(models) - set(answers.results), slowest_answer=max(answers.seconds.values(), default=None))
             waiting = {c for c in expected - set(answers.results) - ended - set(self.failed) if not self.get_client_disconnect_time(c)}
             answers.unreadable = sorted(c for c, n in self.sends.items() if n >= RESEND_LIMIT and c not in answers.results)
             if not waiting or answers.unreadable or (deadline is not None and time.time() - sent > deadline):
@@ -199,7 +199,7 @@ class PerClientController(ModelController):
             self.cancel_all_tasks()  # late results are dropped by FLARE
         elapsed = time.time() - sent
         for client in sorted(set(models) - set(answers.results)):
-            answers.missing[client] = self.missing_reason(client, answers, ended, elapsed)
+            answers.missing[client] = self.missing_reason(client, answers, ended, elapsed, seen=watch.seen if watch else set())
             if round_idx is not None:
                 self.lost.setdefault(client, round_idx)
         for client in answers.results:
@@ -207,10 +207,13 @@ class PerClientController(ModelController):
                 self.info(f"{client} answers again")
         return answers
 
-    def missing_reason(self, client: str, answers: Answers, ended: set[str], elapsed: float) -> str:
-        """Why nothing came back from `client`, the root cause first."""
+    def missing_reason(self, client: str, answers: Answers, ended: set[str], elapsed: float, seen: set[str] = frozenset()) -> str:
+        """Why nothing came back from `client`, the root cause first (`seen`: the simulator clients whose
+        process was seen during the task)."""
         if client in answers.unreadable:
             return UNREADABLE.format(count=self.sends[client])
+        if client in ended and client not in seen:
+            return "its simulator process never ran the task (it ended before, e.g. unable to connect at start; its log says why)"
         if client in ended:  # the root cause, when a killed process's task is also reported failed
             return "its simulator process ended without an answer (killed or crashed)"
         if client in self.failed:
