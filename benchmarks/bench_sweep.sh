@@ -19,7 +19,7 @@
 #
 #   bash benchmarks/bench_sweep.sh                       # the held-out bench, seeds 0, 1, 2
 #   SEEDS="0" bash benchmarks/bench_sweep.sh
-#   TASKS="prostate derm" bash benchmarks/bench_sweep.sh  # the tasks of the plan (default: the calibrated ones)
+#   TASKS=derm bash benchmarks/bench_sweep.sh            # one task of the plan (default: prostate and derm)
 #   SWEEPS=/scratch/sweeps NICE=19 bash benchmarks/bench_sweep.sh
 #   RESULTS=/path/to/checkout/docs/results bash benchmarks/bench_sweep.sh   # run from a fixed worktree, keep elsewhere
 #   ONLY="prr fml" bash benchmarks/bench_sweep.sh        # only these methods' runs of the plan
@@ -42,7 +42,7 @@ parallel=${PARALLEL:-1}  # runs side by side (a GPU machine): each in a workspac
 plan=${PLAN:-heldout}
 results=${RESULTS:-$repo/docs/results}
 calibration=${CALIBRATION:-$results/calibration/bench/cpu}  # the calibration's runs at the bench's schedule
-tasks=${TASKS:-prostate}  # the calibrated ones (docs/calibration.md): dermoscopy joins once its calibration is done
+tasks=${TASKS:-prostate derm}  # both calibrated (docs/calibration.md)
 case "$plan" in
   heldout) plan_folder=heldout ;;
   core | full) plan_folder=bench ;;
