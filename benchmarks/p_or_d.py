@@ -4,7 +4,8 @@ The rule (docs/methods.md, "Reporting whichever of P and D validates better"): a
 best round by the site's own selection rule (the task's primary validation metric, `prrfl.metrics.improves`); the
 site reports the one of the two whose best validation score is higher (P on a tie, the paper's model). Prints each
 (seed, site)'s choice and the test score of P, D and the chosen one, and their means over the sites of each seed and
-over the seeds.
+over the seeds, and the paired test of the chosen model's scores against P's over the (site, seed) pairs (the
+report's test).
 
     python benchmarks/p_or_d.py docs/results/heldout/prostate/prr_s[0-9]
 """
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 
 from prrfl.registry import task_class
 from prrfl.report.runs import SiteResult, find_results
+from prrfl.report.stats import mean_std, paired_test
 
 MODELS = ("P", "D", "chosen")
 
@@ -66,10 +68,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for r in rows:
         print(f"| {r['seed']} | {r['cohort']} | {r['choice']} | {r['P']:.2f} | {r['D']:.2f} | {r['chosen']:.2f} |")
     for model, values in summary(rows).items():
-        spread = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
-        print(
-            f"{model}: mean over sites per seed {', '.join(f'{v:.2f}' for v in values)}; over seeds {statistics.fmean(values):.2f}{spread}"
-        )
+        print(f"{model}: mean over sites per seed {', '.join(f'{v:.2f}' for v in values)}; over seeds {mean_std(values)}")
+    pairs = {m: {(r["cohort"], r["seed"]): r[m] for r in rows} for m in ("chosen", "P")}
+    print(f"chosen against P: p {paired_test(pairs['chosen'], pairs['P'])}")
 
 
 if __name__ == "__main__":
