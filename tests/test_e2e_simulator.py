@@ -52,6 +52,13 @@ def test_sites_and_server_write_results(finished_run):
     assert "| **mean** |" in proc.stdout + proc.stderr  # the job prints the per-site table
 
 
+def test_the_start_race_guard_is_in_place_before_any_site_starts(finished_run):
+    ws, _ = finished_run
+    log = (ws / "server/log.txt").read_text()
+    guard, start = log.find("each site's process is sent its own name"), log.find("Start the clients run simulation")
+    assert 0 <= guard < start, "prrfl.flare.sim_race.install() must patch FLARE's client runner before the simulator creates it"
+
+
 def test_prrfl_results_prints_the_runs_table_from_the_workspace(finished_run, capsys):
     from test_results_layouts import printed_tables
 

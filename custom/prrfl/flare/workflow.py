@@ -22,7 +22,7 @@ from nvflare.fuel.utils import fobs
 from nvflare.fuel.utils.memory_utils import cleanup_memory
 
 from prrfl.config import ConfigError
-from prrfl.flare import places
+from prrfl.flare import places, sim_race
 from prrfl.flare import protocol as P
 from prrfl.flare.components.controller import Answers, PerClientController
 from prrfl.flare.liveness import AUTO, Deadline
@@ -98,6 +98,7 @@ class PersonalizedWorkflow(PerClientController):
         self.deadline = Deadline(task_timeout, first_task_timeout, min_task_timeout, task_timeout_factor, estimate_timeout_factor)
         self._marker: Path | None = None  # the workspace marker of a simulator run (places.mark_workspace)
         self.cfg = validate_config(config)  # every field and method option, before any site is asked
+        sim_race.install()  # in FLARE's simulator: each site's process gets its own name (prrfl.flare.sim_race)
 
     # ----- main loop -------------------------------------------------------------------
     def run(self) -> None:
