@@ -68,6 +68,28 @@ def test_flares_export_of_the_recipe_is_the_committed_job_folder(tmp_path):
     assert job_files(tmp_path / "prostate_prr") == job_files(ROOT / "jobs" / "prostate_prr")
 
 
+def test_a_site_waits_for_a_slow_starting_server_job_as_long_as_the_job_says(tmp_path):
+    """FLARE reads the sites' wait for the server's job process (60 s unless the job says) from the job's client config:
+    every job sets RUNNER_SYNC_TIMEOUT, read here the way a site's job process reads it."""
+    from prrfl.flare.recipe import RUNNER_SYNC_TIMEOUT
+
+    config = ROOT / "jobs" / "derm_prr" / "app" / "config" / "config_fed_client.json"
+    code = (
+        "import json, os, sys\n"
+        "from nvflare.apis.fl_constant import SystemConfigs\n"
+        "from nvflare.fuel.utils.app_config_utils import get_positive_float_var\n"
+        "from nvflare.fuel.utils.config_service import ConfigService\n"
+        "data = json.load(open(sys.argv[1]))\n"
+        "for section in (data, {k: v for k, v in data.items() if k != 'max_runner_sync_timeout'}):\n"
+        "    ConfigService.reset()\n"
+        "    ConfigService.initialize(section_files={}, config_path=[os.path.dirname(sys.argv[1])])\n"
+        "    ConfigService.add_section(section_name=SystemConfigs.APPLICATION_CONF, data=section)\n"
+        "    print(get_positive_float_var('max_runner_sync_timeout', 60.0))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True, text=True, timeout=120, check=True)
+    assert [float(v) for v in out.stdout.split()] == [RUNNER_SYNC_TIMEOUT, 60.0] and RUNNER_SYNC_TIMEOUT >= 300
+
+
 def test_job_py_exports_with_flares_own_flags(tmp_path):
     """`python job.py --export --export-dir X`: FLARE consumes its flags, the recipe writes the folder."""
     out = tmp_path / "exported"

@@ -37,6 +37,7 @@ from typing import Any
 import psutil
 from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE
 from nvflare.apis.dxo import DataKind
+from nvflare.apis.fl_constant import ConfigVarName
 from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
 from nvflare.app_common.filters.percentile_privacy import PercentilePrivacy
 from nvflare.app_common.filters.svt_privacy import SVTPrivacy
@@ -69,6 +70,11 @@ PRIVACY_FILTERS = {
     # differential privacy by the sparse vector technique: a noisy 10 % of the diff
     "svt": functools.partial(SVTPrivacy, data_kinds=[DataKind.WEIGHT_DIFF]),
 }
+
+# How long a site's job process waits for the server's job process to answer before it gives up (FLARE's
+# `max_runner_sync_timeout` of the job's client config, 60 s by default). The server's job process imports torch, MONAI and prrfl before it
+# answers; on a loaded machine that took 85 s, and every site then ended the job before its first task.
+RUNNER_SYNC_TIMEOUT = 600.0
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +174,7 @@ class PersonalizedRecipe(Recipe):
             )
         )
         fed.to_clients(FileSource(str(SITE_SCRIPT)))
+        fed.to_clients({ConfigVarName.MAX_RUNNER_SYNC_TIMEOUT: RUNNER_SYNC_TIMEOUT})
         fed.to_clients(ConvertToFedEvent(events_to_convert=[ANALYTIC_EVENT_TYPE]), id="event_to_fed")
         if bundle:
             package = self._clean_package_copy()
