@@ -97,6 +97,7 @@ class PersonalizedWorkflow(PerClientController):
             raise ValueError(f"workflow argument 'resume' must be false, true or \"auto\", got {resume!r}")
         self.deadline = Deadline(task_timeout, first_task_timeout, min_task_timeout, task_timeout_factor, estimate_timeout_factor)
         self._marker: Path | None = None  # the workspace marker of a simulator run (places.mark_workspace)
+        self._resumed_at: int | None = None  # the first round of a resumed job: its sites start afresh inside it
         self.cfg = validate_config(config)  # every field and method option, before any site is asked
         sim_race.install()  # in FLARE's simulator: each site's process gets its own name (prrfl.flare.sim_race)
 
@@ -146,6 +147,7 @@ class PersonalizedWorkflow(PerClientController):
         except (OSError, ValueError, RuntimeError) as e:
             self.panic(f"the job cannot start: {e}")
             return
+        self._resumed_at = None if state is None else state.next_round
         if state is None:
             state = self._new_state(federation, clients)
             if state is None:
@@ -184,11 +186,22 @@ class PersonalizedWorkflow(PerClientController):
     def round_models(self, clients: list[str], round_idx: int) -> dict[str, FLModel]:
         return {s: P.download_to_model(self.state.downloads[s], self.common, round_idx, self.cfg.num_rounds) for s in clients}
 
+    def _deadline_inputs(self, round_idx: int) -> tuple[list[float], list[float]]:
+        """What the round's deadline is derived from. The first round of a resumed job starts every site afresh (a new
+        job process loads its data and state), as a new run's `prepare` does, so it gets prepare's deadline."""
+        if self._resumed_at is not None and round_idx == self._resumed_at:
+            return [], []
+        return self.state.observed_seconds(), list(self.state.round_estimates.values())
+
     def round_deadline(self, round_idx: int) -> float | None:
-        return self.deadline.seconds(self.state.observed_seconds(), list(self.state.round_estimates.values()))
+        self._deadline_round = round_idx
+        return self.deadline.seconds(*self._deadline_inputs(round_idx))
 
     def deadline_note(self, deadline: float | None) -> str:
-        return f"; deadline {self.deadline.explain(self.state.observed_seconds(), list(self.state.round_estimates.values()))}"
+        round_idx = getattr(self, "_deadline_round", None)
+        if deadline is not None and self._resumed_at is not None and round_idx == self._resumed_at and self.deadline.timeout == AUTO:
+            return f"; deadline {deadline:.0f} s (the first round of a resumed job: the sites start afresh, as at prepare)"
+        return f"; deadline {self.deadline.explain(*self._deadline_inputs(round_idx))}"
 
     def aggregate_round(self, round_idx: int, clients: list[str], answers: Answers) -> dict[str, FLModel] | None:
         """The federation's round (prrfl.server.federation: upload checks, the method's aggregation, the next
