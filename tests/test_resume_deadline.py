@@ -19,9 +19,9 @@ def workflow(resumed_at):
 def test_a_resumed_jobs_first_round_gets_the_prepare_deadline_and_later_rounds_the_usual_one():
     wf = workflow(resumed_at=1)
     assert wf.round_deadline(1) == 7200.0
-    assert wf.deadline_note(7200.0) == "; deadline 7200 s (the first round of a resumed job: the sites start afresh, as at prepare)"
+    assert wf.deadline_note(1, 7200.0) == "; deadline 7200 s (the first round of a resumed job: the sites start afresh, as at prepare)"
     assert wf.round_deadline(2) == 60.0  # max(60, 3 x 12)
-    assert wf.deadline_note(60.0).startswith("; deadline 60 s (3 x the slowest round so far")
+    assert wf.deadline_note(2, 60.0).startswith("; deadline 60 s (3 x the slowest round so far")
 
 
 def test_a_new_run_keeps_the_usual_deadline_from_its_first_round():

@@ -186,20 +186,21 @@ class PersonalizedWorkflow(PerClientController):
     def round_models(self, clients: list[str], round_idx: int) -> dict[str, FLModel]:
         return {s: P.download_to_model(self.state.downloads[s], self.common, round_idx, self.cfg.num_rounds) for s in clients}
 
+    def _resumed_first_round(self, round_idx: int) -> bool:
+        """The first round of a resumed job starts every site afresh (a new job process loads its data and state), as a
+        new run's `prepare` does, so it gets prepare's deadline."""
+        return round_idx == self._resumed_at
+
     def _deadline_inputs(self, round_idx: int) -> tuple[list[float], list[float]]:
-        """What the round's deadline is derived from. The first round of a resumed job starts every site afresh (a new
-        job process loads its data and state), as a new run's `prepare` does, so it gets prepare's deadline."""
-        if self._resumed_at is not None and round_idx == self._resumed_at:
+        if self._resumed_first_round(round_idx):
             return [], []
         return self.state.observed_seconds(), list(self.state.round_estimates.values())
 
     def round_deadline(self, round_idx: int) -> float | None:
-        self._deadline_round = round_idx
         return self.deadline.seconds(*self._deadline_inputs(round_idx))
 
-    def deadline_note(self, deadline: float | None) -> str:
-        round_idx = getattr(self, "_deadline_round", None)
-        if deadline is not None and self._resumed_at is not None and round_idx == self._resumed_at and self.deadline.timeout == AUTO:
+    def deadline_note(self, round_idx: int, deadline: float | None) -> str:
+        if deadline is not None and self._resumed_first_round(round_idx) and self.deadline.timeout == AUTO:
             return f"; deadline {deadline:.0f} s (the first round of a resumed job: the sites start afresh, as at prepare)"
         return f"; deadline {self.deadline.explain(*self._deadline_inputs(round_idx))}"
 

@@ -89,7 +89,7 @@ class PerClientController(ModelController):
             self.round_started(round_idx, num_rounds)
             deadline = self.round_deadline(round_idx)
             self.info(
-                f"round {round_idx + 1}/{num_rounds}: sending each of {len(clients)} {self.client_noun} its own model{self.deadline_note(deadline)}"
+                f"round {round_idx + 1}/{num_rounds}: sending each of {len(clients)} {self.client_noun} its own model{self.deadline_note(round_idx, deadline)}"
             )
             answers = self.send_each(task_name, self.round_models(clients, round_idx), deadline, round_idx)
             if self.abort_signal.triggered:
@@ -120,7 +120,7 @@ class PerClientController(ModelController):
         """Seconds the round waits for answers (None: until every client answered or is gone)."""
         return None
 
-    def deadline_note(self, deadline: float | None) -> str:
+    def deadline_note(self, round_idx: int, deadline: float | None) -> str:
         """What the round's log line says of its deadline (nothing by default)."""
         return ""
 
