@@ -23,6 +23,7 @@
 #   SWEEPS=/scratch/sweeps NICE=19 bash benchmarks/bench_sweep.sh
 #   RESULTS=/path/to/checkout/docs/results bash benchmarks/bench_sweep.sh   # run from a fixed worktree, keep elsewhere
 #   ONLY="prr fml" bash benchmarks/bench_sweep.sh        # only these methods' runs of the plan
+#   ONLY=prr ABLATIONS=0 bash benchmarks/bench_sweep.sh  # PRR's own runs, not Table IV's ablations
 #   REPORTS_ONLY=1 bash benchmarks/bench_sweep.sh        # rebuild the reports from the runs kept, run nothing
 #   PARALLEL=12 bash benchmarks/bench_sweep.sh           # 12 runs side by side (a GPU machine); reports at the end
 #   PLAN=core REPORTS_ONLY=1 bash benchmarks/bench_sweep.sh
@@ -43,6 +44,7 @@ plan=${PLAN:-heldout}
 results=${RESULTS:-$repo/docs/results}
 calibration=${CALIBRATION:-$results/calibration/bench/cpu}  # the calibration's runs at the bench's schedule
 tasks=${TASKS:-prostate derm}  # both calibrated (docs/calibration.md)
+ablations=${ABLATIONS:-1}  # 0: leave out Table IV's PRR ablations (dermoscopy)
 case "$plan" in
   heldout) plan_folder=heldout ;;
   core | full) plan_folder=bench ;;
@@ -148,7 +150,7 @@ for seed in $seeds; do
     [ "$task" = derm ] && methods="$methods fca"
     for method in $methods; do run "$task" "$seed" "$method" heldout/$task; done
   done
-  [[ " $tasks " == *" derm "* ]] || continue
+  [[ " $tasks " == *" derm "* ]] && [ "$ablations" = 1 ] || continue
   run derm "$seed" prr heldout/derm_ablation/no_pfa --set method_args.pfa_enabled=false
   run derm "$seed" prr heldout/derm_ablation/no_det --set method_args.det_enabled=false
   run derm "$seed" prr heldout/derm_ablation/no_cpa --set method_args.cpa_global=false --set method_args.cpa_local=false
