@@ -16,6 +16,7 @@ Variants (each a job setting, `--set` style):
   rescue            det_rescue=0.9: P takes D's weights when phi(P) < 0.9 phi(D)
   no_pfa            pfa_enabled=false: D receives the plain average of the deputies' shared weights (FedBN-like)
   kept_optimizers   optimizers=kept: Adam's moments carry over from round to round
+  prox, prox1       personal_prox=0.1, 1: P's loss gains (mu / 2) ||P - download||^2 on its shared weights (Ditto's pull)
   extended_aug      data.augmentation=extended (gamma, contrast, noise, zoom; a protocol change: for reading only)
   fedbn             FedBN on the same federation (shared convolutions, local BatchNorm)
 """
@@ -45,6 +46,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "rescue": ("prr", ["method_args.det_rescue=0.9"]),
     "no_pfa": ("prr", ["method_args.pfa_enabled=false"]),
     "kept_optimizers": ("prr", ["method_args.optimizers=kept"]),
+    "prox": ("prr", ["method_args.personal_prox=0.1"]),
+    "prox1": ("prr", ["method_args.personal_prox=1"]),
     "extended_aug": ("prr", ["data.augmentation=extended"]),
     "fedbn": ("fedbn", []),
 }

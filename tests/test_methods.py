@@ -14,6 +14,7 @@ from prrfl.algorithms import det, pfa
 from prrfl.config import ConfigError, RunConfig
 from prrfl.messages import Download, Upload
 from prrfl.methods.apfl import mix_parameters
+from prrfl.methods.base import proximal_term
 from prrfl.methods.fedproto import average_prototypes, prototype_regulariser
 from prrfl.methods.perfedavg import first_order_meta_step
 from prrfl.methods.pfedme import moreau_step, solve_personalized
@@ -66,13 +67,14 @@ def test_fedprox_gradient_of_the_proximal_term_is_mu_times_the_drift(tiny_task, 
         for p in model.parameters():
             p.add_(torch.randn_like(p))
     model.zero_grad()
-    site.method.proximal_term(site.view()).backward()
+    pull = proximal_term(model, site.memory["global_params"], 0.5)
+    pull.backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, 0.5 * (p.detach() - anchor[n]))
     labels = torch.tensor([0, 1, 2, 0])
     out = model(torch.randn(4, 3, 8, 8))
     loss = site.method.losses(site.view(), labels, {"local": out})["local"]
-    torch.testing.assert_close(loss, F.cross_entropy(out[0], labels) + site.method.proximal_term(site.view()))
+    torch.testing.assert_close(loss, F.cross_entropy(out[0], labels) + proximal_term(model, anchor, 0.5))
 
 
 def test_fedbn_keeps_batchnorm_at_the_site(tiny_task, tmp_path):

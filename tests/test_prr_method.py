@@ -10,7 +10,7 @@ from conftest import make_runtime
 
 from prrfl.algorithms import cpa, det
 from prrfl.config import RunConfig
-from prrfl.messages import Upload
+from prrfl.messages import Download, Upload
 from prrfl.methods.prr import PRR, PRROptions
 
 
@@ -217,3 +217,35 @@ def test_det_rescue_gives_p_the_deputys_weights_only_when_p_falls_below_l1_times
 
 def copy_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_personal_prox_pulls_only_p_towards_the_downloads_shared_weights(tiny_task, tmp_path):
+    """personal_prox = 0.5, P's shared weights 0.2 away from the download everywhere: P's loss gains
+    (0.5 / 2) * 0.2^2 per shared weight; D's loss and P's BatchNorm get nothing of it."""
+    from test_site_loop import initial_download
+
+    args = {"personal_prox": 0.5, "cpa_global": False, "cpa_local": False}
+    site = make_runtime(tiny_task, tmp_path, method_args=args)
+    view = site.view()
+    site.method.on_download(view, initial_download(tiny_task), first=True)
+    personal = site.models["personal"]
+    shared = site.method.shared_keys(personal)
+    assert shared == ["conv.weight", "fc1.weight", "fc2.weight"]
+    params = {k: personal.state_dict()[k] - 0.2 for k in shared}
+    site.method.on_download(view, Download(params=params, round=1, global_class_counts=[4, 4, 4]), first=False)
+    n = sum(params[k].numel() for k in shared)
+    x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 0])
+    outputs = {role: site.models[role](x) for role in ("personal", "deputy")}
+    losses = site.method.losses(view, y, outputs)
+    plain = {role: tiny_task.loss(z, y) for role, (z, _) in outputs.items()}
+    torch.testing.assert_close(losses["personal"], plain["personal"] + 0.25 * 0.04 * n)
+    torch.testing.assert_close(losses["deputy"], plain["deputy"])
+    personal.zero_grad()
+    (losses["personal"] - plain["personal"]).backward()
+    for name, p in personal.named_parameters():
+        expected = 0.5 * 0.2 * torch.ones_like(p) if name in shared else torch.zeros_like(p)
+        torch.testing.assert_close(p.grad if p.grad is not None else torch.zeros_like(p), expected)
+    with pytest.raises(ValueError, match="personal_prox must be a finite number"):
+        PRROptions(personal_prox=-1.0)
+    with pytest.raises(ValueError, match="personal_prox needs det_enabled"):
+        PRROptions(personal_prox=0.1, det_enabled=False)

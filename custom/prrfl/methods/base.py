@@ -216,6 +216,11 @@ class Method:
         return {}
 
 
+def proximal_term(model: torch.nn.Module, anchor: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
+    """(mu / 2) * ||theta - anchor||^2 over the model's parameters that `anchor` names (FedProx's and Ditto's pull)."""
+    return 0.5 * mu * sum(((p - anchor[n].to(p.device)) ** 2).sum() for n, p in model.named_parameters() if n in anchor)
+
+
 def check_finite(site: SiteView, loss: torch.Tensor) -> None:
     if not torch.isfinite(loss):
         raise FloatingPointError(f"site {site.name}: non-finite training loss {float(loss)} (lower the learning rate?)")

@@ -9,7 +9,7 @@ import torch
 
 from prrfl.algorithms.pfa import batchnorm_keys, batchnorm_statistics_keys
 from prrfl.messages import Download, Upload
-from prrfl.methods.base import Method
+from prrfl.methods.base import Method, proximal_term
 from prrfl.methods.view import SiteView
 from prrfl.server import aggregation
 
@@ -95,14 +95,10 @@ class FedProx(FedAvg):
         model = site.models[self.upload_role]
         site.memory["global_params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
 
-    def proximal_term(self, site: SiteView) -> torch.Tensor:
-        anchor = site.memory["global_params"]
-        model = site.models[self.upload_role]
-        return 0.5 * self.mu * sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters())
-
     def losses(self, site, targets, outputs):
         losses = super().losses(site, targets, outputs)
-        losses[self.upload_role] = losses[self.upload_role] + self.proximal_term(site)
+        pull = proximal_term(site.models[self.upload_role], site.memory["global_params"], self.mu)
+        losses[self.upload_role] = losses[self.upload_role] + pull
         return losses
 
 

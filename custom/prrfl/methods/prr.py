@@ -43,6 +43,11 @@ det_rescue = r (off by default, as the paper): at a DET check after a round's fi
 weights (and optimiser state) when phi(P) < r * phi(D). P learns from D only by distillation on the
 site's own training split, which carries nothing once P fits that split; at a site of a few volumes P
 then stays a local model however far D gets ahead (docs/methods.md, "P at a small site").
+
+personal_prox = mu (0, off, as the paper): P's loss gains (mu / 2) * ||theta_P - theta_down||^2 over the shared
+(non-BN) weights, theta_down being the site's download of the round (D's starting point), as Ditto (Li et al.,
+ICML 2021) pulls its personal model towards the global one: P then learns from the federation in weight space,
+not only through distillation on the site's own images.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ from prrfl.algorithms import cpa, det, pfa, prototypes
 from prrfl.keys import PFA_R
 from prrfl.messages import Download, Upload
 from prrfl.methods import prototype_exchange as protos
-from prrfl.methods.base import Method, global_class_counts
+from prrfl.methods.base import Method, global_class_counts, proximal_term
 from prrfl.methods.view import SiteView
 from prrfl.server import aggregation
 from prrfl.server.prototypes import PrototypeExchange
@@ -107,6 +112,7 @@ class PRROptions:
     optimizers: Literal["per_round", "kept"] = "per_round"  # re-created at every download (authors' code)
     report_model: Literal["personal", "deputy"] = "personal"  # the paper reports P
     det_rescue: float | None = None  # r: P takes D's weights when phi(P) < r * phi(D) at a DET check after a round's first epoch
+    personal_prox: float = 0.0  # mu: (mu / 2) ||P - download||^2 on P's shared weights (Ditto's pull); 0: off
 
     def __post_init__(self) -> None:
         if self.det_split not in det.DET_METRIC_SPLITS:
@@ -119,6 +125,17 @@ class PRROptions:
             raise ValueError(f"PRR option det_phases must be a non-empty subset of {PHASE_NAMES}, got {self.det_phases!r}")
         object.__setattr__(self, "det_phases", tuple(self.det_phases))  # a list from a config: frozen as well
         pfa.pfa_threshold(0, 1, r0=self.r0, r1=self.r1, schedule=self.r_schedule)  # checks r0, r1 and the schedule
+        self._check_site_models()
+        if not 0 <= self.cpa_ce_mix <= 1:
+            raise ValueError(f"PRR option cpa_ce_mix must lie in [0, 1], got {self.cpa_ce_mix}")
+        if not (self.tau > 0 and 0 <= self.beta < math.inf and self.proto_std_floor >= 0):
+            raise ValueError(
+                f"PRR options need tau > 0, finite beta >= 0, proto_std_floor >= 0; got tau={self.tau}, beta={self.beta}, "
+                f"proto_std_floor={self.proto_std_floor}"
+            )
+
+    def _check_site_models(self) -> None:
+        """The options of P and D's training: distillation, the reported model, the rescue and the pull."""
         if self.distillation not in det.DISTILLATIONS:
             raise ValueError(f"PRR option distillation must be one of {det.DISTILLATIONS}, got {self.distillation!r}")
         if not 0 < self.distill_weight < math.inf:
@@ -127,13 +144,10 @@ class PRROptions:
             raise ValueError("PRR option report_model='deputy' needs det_enabled: without DET a site keeps one model")
         if self.det_rescue is not None and not 0 < self.det_rescue <= 1:
             raise ValueError(f"PRR option det_rescue must lie in (0, 1] or be null (off), got {self.det_rescue}")
-        if not 0 <= self.cpa_ce_mix <= 1:
-            raise ValueError(f"PRR option cpa_ce_mix must lie in [0, 1], got {self.cpa_ce_mix}")
-        if not (self.tau > 0 and 0 <= self.beta < math.inf and self.proto_std_floor >= 0):
-            raise ValueError(
-                f"PRR options need tau > 0, finite beta >= 0, proto_std_floor >= 0; got tau={self.tau}, beta={self.beta}, "
-                f"proto_std_floor={self.proto_std_floor}"
-            )
+        if not 0 <= self.personal_prox < math.inf:
+            raise ValueError(f"PRR option personal_prox must be a finite number >= 0, got {self.personal_prox}")
+        if self.personal_prox and not self.det_enabled:
+            raise ValueError("PRR option personal_prox needs det_enabled: without DET there is no P to pull")
 
     @property
     def phases(self) -> tuple[det.Phase, ...]:
@@ -222,6 +236,9 @@ class PRR(Method):
                 optimizer.state.clear()
         mem = site.memory
         mem["phase"] = None  # every download restarts DET in Recover
+        if self.opt.personal_prox:  # where P is pulled to this round: the download's shared weights
+            shared = self.shared_keys(site.models["personal"])
+            mem["prox_anchor"] = {k: v.detach().clone() for k, v in download.params.items() if k in shared}
         mem["round"] = download.round
         if self.opt.uses_cpa:
             c = self.task.num_classes
@@ -287,6 +304,9 @@ class PRR(Method):
                 losses["personal"] = losses["personal"] + weight * det.distillation(z_p, z_d, form)
             if d_learns:
                 losses["deputy"] = losses["deputy"] + weight * det.distillation(z_d, z_p, form)
+        if self.opt.personal_prox:  # Ditto's pull of P towards the round's download
+            pull = proximal_term(site.models["personal"], site.memory["prox_anchor"], self.opt.personal_prox)
+            losses["personal"] = losses["personal"] + pull
         return losses
 
     def after_batch(self, site, targets, outputs):
