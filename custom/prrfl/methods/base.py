@@ -217,8 +217,9 @@ class Method:
 
 
 def proximal_term(model: torch.nn.Module, anchor: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
-    """(mu / 2) * ||theta - anchor||^2 over the model's parameters that `anchor` names (FedProx's and Ditto's pull)."""
-    return 0.5 * mu * sum(((p - anchor[n].to(p.device)) ** 2).sum() for n, p in model.named_parameters() if n in anchor)
+    """(mu / 2) * ||theta - anchor||^2 over the model's parameters that `anchor` names (FedProx's and Ditto's pull);
+    the anchor lies on the model's device (put there once per round, not per batch)."""
+    return 0.5 * mu * sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters() if n in anchor)
 
 
 def check_finite(site: SiteView, loss: torch.Tensor) -> None:

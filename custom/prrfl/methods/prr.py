@@ -237,8 +237,9 @@ class PRR(Method):
         mem = site.memory
         mem["phase"] = None  # every download restarts DET in Recover
         if self.opt.personal_prox:  # where P is pulled to this round: the download's shared weights
-            shared = self.shared_keys(site.models["personal"])
-            mem["prox_anchor"] = {k: v.detach().clone() for k, v in download.params.items() if k in shared}
+            personal = site.models["personal"]
+            shared, device = self.shared_keys(personal), next(personal.parameters()).device
+            mem["prox_anchor"] = {k: v.detach().to(device, copy=True) for k, v in download.params.items() if k in shared}
         mem["round"] = download.round
         if self.opt.uses_cpa:
             c = self.task.num_classes
