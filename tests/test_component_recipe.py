@@ -95,15 +95,14 @@ POC_JOB = """
 import sys
 from pathlib import Path
 from model import Net
-from nvflare.recipe import PocEnv
 from prrfl.flare.components import FourierAggregator
 from prrfl.flare.components.recipe import PersonalizedFedAvgRecipe
-from prrfl.flare.recipe import end_poc_processes
+from prrfl.flare.recipe import FreePortPocEnv, end_poc_processes
 
 recipe = PersonalizedFedAvgRecipe(
     name="recipe_poc", model=Net(), train_script="client.py", num_rounds=2, min_clients=2, aggregator=FourierAggregator()
 )
-env = PocEnv(num_clients=2)
+env = FreePortPocEnv(num_clients=2)  # FLARE's PocEnv, on free ports rather than 8002/8003
 run = recipe.execute(env)
 try:
     result = run.get_result(timeout=300, clean_up=False)
@@ -114,13 +113,13 @@ print("MODELS", sorted(p.name for p in Path(result).rglob("models/*.pt")))
 """
 
 
-def test_the_recipe_runs_on_pocenv(tmp_path, monkeypatch):
+def test_the_recipe_runs_on_pocenv(tmp_path, poc_workspace, flare_default_ports_held):
     """The same recipe on FLARE's PocEnv: a server and two client processes over gRPC on localhost, the job
-    submitted by the admin, every client's personalized model (and best model) saved on the server."""
-    from test_deploy_poc import our_processes
+    submitted by the admin, every client's personalized model (and best model) saved on the server; on ports of
+    its own while FLARE's default ones are taken."""
+    from conftest import our_processes
 
-    poc = tmp_path / "poc"
-    monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(poc))
+    poc = poc_workspace
     log = run_flare_script(tmp_path, {"job.py": POC_JOB, "client.py": CLIENT}, timeout=500)
     assert "STATUS FINISHED:COMPLETED" in log, log[-3000:]
     assert "MODELS ['site-1.best.pt', 'site-1.pt', 'site-2.best.pt', 'site-2.pt']" in log

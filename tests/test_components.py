@@ -546,22 +546,17 @@ def test_a_resumed_controller_goes_on_where_the_saved_state_ends(tmp_path):
         controller(answers, resume=True)
 
 
-def test_the_recipes_export_names_prrfl_only_on_the_server_and_copies_none_of_it(tmp_path, monkeypatch):
+def test_the_recipes_export_names_prrfl_only_on_the_server_and_copies_none_of_it(tmp_path, monkeypatch, example_net):
     """A stock Client API script needs no prrfl at the client: the exported clients' configuration names no prrfl
     class and the job carries no (partial) copy of the package; the server's configuration names prrfl's classes."""
     import json
-    import shutil
-    from pathlib import Path
 
     from prrfl.flare.components.recipe import PersonalizedFedAvgRecipe
 
-    shutil.copy(Path(__file__).resolve().parents[1] / "examples/fourier_pfa/model.py", tmp_path / "model.py")
     (tmp_path / "client.py").write_text("import nvflare.client as flare\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    from model import Net
-
-    PersonalizedFedAvgRecipe(name="export_check", model=Net(), train_script="client.py", aggregator=FourierAggregator()).export("out")
+    recipe = PersonalizedFedAvgRecipe(name="export_check", model=example_net(), train_script="client.py", aggregator=FourierAggregator())
+    recipe.export("out")
     app = tmp_path / "out/export_check/app"
     assert "prrfl" not in (app / "config/config_fed_client.json").read_text()
     server = json.loads((app / "config/config_fed_server.json").read_text())

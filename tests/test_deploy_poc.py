@@ -13,10 +13,9 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 import yaml
-from conftest import tiny_derm_config, untimed, wait_for
+from conftest import our_processes, tiny_derm_config, untimed, wait_for
 from test_recipe import TINY_SETS
 
 from prrfl import deploy
@@ -83,14 +82,6 @@ def test_a_server_port_taken_before_the_server_binds_it_is_provisioned_again(tmp
     out = capsys.readouterr().out
     assert f"could not listen on one of its ports [{taken}," in out and "provisioning again with other ports" in out
     assert out.count("provisioned ") == 2
-
-
-def our_processes(marker: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if any(marker in part for part in (p.info["cmdline"] or [])):
-            found.append(p)
-    return found
 
 
 def deploy_command(tmp_path, num_rounds: int = 2) -> tuple[list[str], dict[str, str], os.PathLike]:
@@ -204,11 +195,13 @@ def test_a_job_refused_for_its_signature_is_submitted_once_more(tmp_path, monkey
 
 
 @pytest.mark.e2e
-def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path, capsys):
+def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path, poc_workspace, flare_default_ports_held, capsys):
+    """`prrfl run --env poc` while FLARE's default POC ports are taken (another FLARE POC on the machine): the
+    deployment listens on ports of its own, trains every site and is stopped at the end."""
     from test_results_layouts import printed_tables
 
-    poc = tmp_path / "poc"
-    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "NVFLARE_POC_WORKSPACE": str(poc), "PYTHONUNBUFFERED": "1"}
+    poc = poc_workspace
+    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "prrfl.cli", "run", "--env", "poc", "--sites", "2", "--timeout", "300", *TINY_SETS]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500, cwd=tmp_path)
     out = proc.stdout + proc.stderr
@@ -227,7 +220,7 @@ def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("moment", ["starting", "running"])
-def test_ctrl_c_of_prrfl_run_on_pocenv_returns_promptly_with_the_resume_line(tmp_path, moment):
+def test_ctrl_c_of_prrfl_run_on_pocenv_returns_promptly_with_the_resume_line(tmp_path, poc_workspace, moment):
     """Ctrl-C of `prrfl run --env poc` mid-job (or while the job is still being submitted, on a loaded machine):
     every POC process is stopped and the command returns 130 with the line that says how to go on, rather than
     hanging on FLARE's connection retries or leaving the POC running."""
@@ -235,8 +228,8 @@ def test_ctrl_c_of_prrfl_run_on_pocenv_returns_promptly_with_the_resume_line(tmp
 
     from conftest import TINY_DATA
 
-    poc = tmp_path / "poc"
-    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "NVFLARE_POC_WORKSPACE": str(poc), "PYTHONUNBUFFERED": "1"}
+    poc = poc_workspace
+    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     sets = ["--set=num_rounds=50", "--set=local_epochs=1", f"--set=data={_json.dumps(TINY_DATA)}"]
     cmd = [sys.executable, "-m", "prrfl.cli", "run", "--env", "poc", "--sites", "2", "--timeout", "600", *sets]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)

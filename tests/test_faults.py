@@ -227,7 +227,7 @@ def test_a_site_with_corrupt_local_data_fails_at_start_and_the_others_train(depl
 
 
 @pytest.mark.e2e
-def test_the_component_recipe_runs_on_the_deployment_through_prodenv(deployment, tmp_path, monkeypatch):
+def test_the_component_recipe_runs_on_the_deployment_through_prodenv(deployment, tmp_path, example_net):
     """`PersonalizedFedAvgRecipe` (a stock Client API script, PFA) submitted with FLARE's ProdEnv through the admin's
     startup kit: every client's personalized and best model saved on the server, as on SimEnv and PocEnv."""
     from nvflare.recipe import ProdEnv
@@ -236,15 +236,11 @@ def test_the_component_recipe_runs_on_the_deployment_through_prodenv(deployment,
     from prrfl.flare.components import FourierAggregator
     from prrfl.flare.components.recipe import PersonalizedFedAvgRecipe
 
-    shutil.copy(Path(__file__).resolve().parents[1] / "examples/fourier_pfa/model.py", tmp_path / "model.py")
     (tmp_path / "client.py").write_text(CLIENT)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from model import Net
-
     kit = deployment.kits.kit(deployment.kits.admin)
     recipe = PersonalizedFedAvgRecipe(
         name="components_prod",
-        model=Net(),
+        model=example_net(),
         train_script=str(tmp_path / "client.py"),
         num_rounds=2,
         min_clients=3,

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from conftest import TINY_DATA, tiny_derm_config, untimed
 from nvflare.recipe import PocEnv, ProdEnv, SimEnv
 from nvflare.recipe.spec import Recipe
@@ -216,6 +217,54 @@ def test_environments_of_each_kind_and_their_refusals(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
             environment(*args)
+
+
+def test_a_poc_listens_on_free_ports_of_its_own_never_on_flares_fixed_ones(tmp_path, monkeypatch, flare_default_ports_held):
+    """FLARE's POC project with the sites site-1..N, its admins and builders, the server on two free ports chosen
+    as it deploys (FLARE's 8002/8003 may belong to another POC on the machine: held here)."""
+    from nvflare.tool.poc.poc_commands import get_fl_client_names, get_fl_server_name, get_proj_admin
+
+    from prrfl.flare import recipe as recipe_module
+
+    project = recipe_module.poc_project(3, 20001, 20002)
+    (server,) = [p for p in project["participants"] if p["type"] == "server"]
+    assert (server["name"], server["fed_learn_port"], server["admin_port"]) == ("server", 20001, 20002)
+    assert get_fl_server_name(project) == "server" and get_fl_client_names(project) == ["site-1", "site-2", "site-3"]
+    assert get_proj_admin(project) == "admin@nvidia.com" and project["builders"]
+    seen = {}
+
+    def deploy(env, job):  # what FLARE's PocEnv.deploy reads: the project file at project_conf_path
+        seen.update(yaml.safe_load(Path(env.project_conf_path).read_text()))
+        return "job-id"
+
+    monkeypatch.setattr(PocEnv, "deploy", deploy)
+    assert environment("poc", 2).deploy(None) == "job-id"
+    (server,) = [p for p in seen["participants"] if p["type"] == "server"]
+    ports = {server["fed_learn_port"], server["admin_port"]}
+    assert len(ports) == 2 and not ports & {8002, 8003} and get_fl_client_names(seen) == ["site-1", "site-2"]
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("cannot connect to server for 10 seconds"), KeyboardInterrupt()])
+def test_a_poc_whose_start_or_submission_fails_is_stopped_and_the_cause_is_named(tmp_path, monkeypatch, failure):
+    """The POC a failed start or submission (or Ctrl-C meanwhile) leaves is stopped: its server and sites never
+    outlive `prrfl run --env poc`, and the error names the job and FLARE's reason."""
+    from prrfl.errors import CommandFailed
+    from prrfl.flare import recipe as recipe_module
+
+    stopped = []
+    monkeypatch.setattr(recipe_module, "stop_poc", stopped.append)
+    recipe = PersonalizedRecipe(task="derm", method="fedavg")
+
+    def run(env):
+        raise failure
+
+    monkeypatch.setattr(recipe, "run", run)
+    env = environment("poc", 2)
+    with pytest.raises(CommandFailed if isinstance(failure, RuntimeError) else KeyboardInterrupt) as caught:
+        recipe_module.run_recipe(recipe, env)
+    assert stopped == [env]
+    if isinstance(failure, RuntimeError):
+        assert str(caught.value) == "job derm_fedavg: cannot connect to server for 10 seconds"
 
 
 def site_history(ws: Path, site: str, run: str = "derm_prr") -> list:

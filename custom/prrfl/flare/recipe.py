@@ -45,10 +45,11 @@ from nvflare.app_common.widgets.convert_to_fed_event import ConvertToFedEvent
 from nvflare.client.config import ExchangeFormat
 from nvflare.job_config.api import FedJob
 from nvflare.job_config.file_source import FileSource
+from nvflare.recipe.poc_env import PocEnv
 from nvflare.recipe.spec import ExecEnv, Recipe
 
 from prrfl.config import ConfigError, RunConfig, unknown_names_error
-from prrfl.deploy import kill_process_tree
+from prrfl.deploy import free_ports, kill_process_tree
 from prrfl.errors import CommandFailed
 from prrfl.flare import places
 from prrfl.flare.cross_site import CrossSiteEvaluation
@@ -238,6 +239,37 @@ def export_job(
 ENVIRONMENTS = ("sim", "poc", "prod")
 
 
+def poc_project(num_sites: int, fl_port: int, admin_port: int) -> dict[str, Any]:
+    """FLARE's own POC project (server "server", sites site-1..site-N, its admins and builders) listening on the
+    given ports instead of FLARE's fixed 8002/8003."""
+    import yaml
+    from nvflare.lighter.provision import gen_default_project_config
+    from nvflare.tool.poc.poc_commands import update_clients, update_server_name
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gen_default_project_config("dummy_project.yml", f"{tmp}/project.yml")
+        project = yaml.safe_load(Path(tmp, "project.yml").read_text())
+    project = update_clients([], num_sites, update_server_name(project))
+    for participant in project["participants"]:
+        if participant["type"] == "server":
+            participant.update(fed_learn_port=fl_port, admin_port=admin_port)
+    return project
+
+
+class FreePortPocEnv(PocEnv):
+    """FLARE's PocEnv on two free ports chosen when it deploys. FLARE's POC always listens on 8002 and 8003, where
+    another FLARE POC on the same machine (a FLARE user's machine often has one) makes the server fail to start
+    and the sites talk to the other deployment."""
+
+    def deploy(self, job):
+        import yaml
+
+        with tempfile.TemporaryDirectory() as tmp:  # FLARE copies it into its POC workspace as it provisions
+            self.project_conf_path = str(Path(tmp, "project.yml"))
+            Path(self.project_conf_path).write_text(yaml.safe_dump(poc_project(self.num_clients, *free_ports(2)), sort_keys=False))
+            return super().deploy(job)
+
+
 def environment(
     kind: str,
     sites: int,
@@ -254,7 +286,7 @@ def environment(
     sites on this machine, prepared and started by FLARE in its POC workspace (NVFLARE_POC_WORKSPACE;
     gpu: e.g. "0,1"). prod: ProdEnv, the running deployment whose admin startup kit is `startup_kit`
     (username: the admin, default the kit folder's name, which provisioning names after the admin)."""
-    from nvflare.recipe import PocEnv, ProdEnv, SimEnv
+    from nvflare.recipe import ProdEnv, SimEnv
 
     if kind not in ENVIRONMENTS:
         raise ConfigError(f"unknown environment '{kind}'; available: {list(ENVIRONMENTS)}")
@@ -269,7 +301,7 @@ def environment(
         raise ConfigError(f"sites must be at least 1, got {sites}")
     gpus = [int(g) for g in gpu.split(",")] if gpu else None
     if kind == "poc":
-        return PocEnv(num_clients=sites, gpu_ids=gpus)
+        return FreePortPocEnv(num_clients=sites, gpu_ids=gpus)
     root = Path(workspace).resolve()
     if any(c.isspace() for c in str(root)):  # FLARE 2.9's simulator passes the path on a command line it splits on spaces
         raise ConfigError(
@@ -329,8 +361,6 @@ def end_poc_processes(poc_workspace: str | Path, timeout: float = 30.0) -> list[
 def stop_poc(env: ExecEnv) -> None:
     """A PocEnv's deployment stopped (FLARE's stop, then every process of it ended: `end_poc_processes`);
     nothing for another environment."""
-    from nvflare.recipe import PocEnv
-
     if isinstance(env, PocEnv):
         try:
             env.stop(clean_up=False)
@@ -366,8 +396,8 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
     """Run the recipe on env and wait for the end: (FLARE job status, result folder, the server's
     results.json). A simulator run is over when execute returns; a POC or production job is followed
     (timeout seconds, 0: no limit) and its server workspace downloaded. The POC workspace is kept (it
-    holds the sites' state and logs); the POC processes are stopped."""
-    from nvflare.recipe import PocEnv, SimEnv
+    holds the sites' state and logs); the POC processes are stopped, also when the start or the submission fails."""
+    from nvflare.recipe import SimEnv
 
     if isinstance(env, SimEnv):  # refuse before the simulator empties a workspace another job is running in
         workspace = Path(env.workspace_root) / recipe.name
@@ -386,14 +416,13 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
     try:
         with interrupts() as interrupted:
             run = recipe.run(env)
-    except RuntimeError as e:  # SimEnv: the simulator exited non-zero; Poc/ProdEnv: the submission failed
-        if interrupted:  # Ctrl-C ended the simulator ("return code -9"): an interruption, not a failure
-            stop_poc(env)
-            raise KeyboardInterrupt from e
-        raise CommandFailed(f"job {recipe.name}: {e}") from e
-    except KeyboardInterrupt:  # Ctrl-C while the POC starts or the job is submitted: the POC it started stops too
+    except BaseException as e:  # a POC that started stops with its failed start or submission, or with Ctrl-C
         stop_poc(env)
-        raise
+        if not isinstance(e, RuntimeError):
+            raise
+        if interrupted:  # Ctrl-C ended the simulator ("return code -9"): an interruption, not a failure
+            raise KeyboardInterrupt from e
+        raise CommandFailed(f"job {recipe.name}: {e}") from e  # SimEnv: the simulator exited non-zero; Poc/ProdEnv: the submission failed
     if isinstance(env, SimEnv):
         status, result = "FINISHED:COMPLETED", env.get_job_result(run.get_job_id())
     else:
