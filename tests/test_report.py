@@ -391,9 +391,14 @@ def test_an_ablation_sweep_reports_its_runs_under_the_options_it_set(tmp_path):
 
 def test_profiles_set_every_job_of_a_task_and_set_overrides_apply_on_top(tmp_path):
     from prrfl.cli import PROFILE_NAMES
-    from prrfl.flare.jobs import DERM_BENCH, PROFILES, PROSTATE_BENCH, PROSTATE_QUICK, job_config
+    from prrfl.flare.jobs import PROFILES, job_config
+    from prrfl.registry import task_class, task_names
+    from prrfl.tasks.derm import BENCH as DERM_BENCH
+    from prrfl.tasks.prostate import BENCH as PROSTATE_BENCH
+    from prrfl.tasks.prostate import QUICK as PROSTATE_QUICK
 
     assert PROFILE_NAMES == tuple(sorted(PROFILES))
+    assert all(sorted(task_class(task).profiles) == sorted(PROFILES) for task in task_names())  # every task states every profile
     assert job_config("derm_fedavg", "quick") == job_config("derm_fedavg")
     bench = job_config("derm_fedbn", "bench")
     assert (bench.method, bench.num_rounds, bench.local_epochs, bench.data) == ("fedbn", 12, 5, DERM_BENCH["data"])

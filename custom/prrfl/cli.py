@@ -19,7 +19,7 @@ from prrfl.config import RunConfig, apply_overrides
 from prrfl.errors import EXIT_STATUS, CommandFailed, Interrupted, run_command, traceback_option
 from prrfl.storage import load_json
 
-PROFILE_NAMES = ("bench", "paper", "quick")  # prrfl.flare.jobs.PROFILES (imported lazily: it imports torch)
+PROFILE_NAMES = ("bench", "paper", "quick")  # prrfl.tasks.base.PROFILE_NAMES, sorted (not imported: it imports torch)
 PROFILE_OPTION: dict[str, Any] = {
     "choices": PROFILE_NAMES,
     "default": "quick",
@@ -162,9 +162,8 @@ def _predict(args: argparse.Namespace) -> int:
     from prrfl.predict import predict
 
     result = predict(args.model, args.input, args.out, args.device, args.batch_size)
-    what = "class probabilities" if result.task == "derm" else "masks"
     skipped = f"; {len(result.skipped)} unreadable input(s) skipped" if result.skipped else ""
-    print(f"{args.model}: {what} of {result.inputs} input(s) written to {result.out}{skipped}")
+    print(f"{args.model}: {result.writes} of {result.inputs} input(s) written to {result.out}{skipped}")
     return EXIT_SKIPPED if result.skipped else 0
 
 

@@ -92,6 +92,7 @@ class Prediction:
     out: Path
     inputs: int  # predictions written
     task: str
+    writes: str  # what was written for each input (Predictor.writes)
     skipped: tuple[str, ...] = ()  # one line per unreadable input, naming it and why
     flagged: int = 0  # predictions written with a flag
 
@@ -186,20 +187,18 @@ def predict(
     saved = load_saved_model(model_path, device)
     check_preprocessing(saved)
     task = saved.card["task"]
-    if task not in PREDICTORS:
-        raise ValueError(f"{card_path(saved.path)}: no prediction for task '{task}' (known: {sorted(PREDICTORS)})")
-    kind, run = PREDICTORS[task]
+    predictor = PREDICTORS[saved.task.prediction]
     model = f"{saved.path} (a {task} model)"
-    files = list_inputs(input_path, kind, [k for k, _ in PREDICTORS.values() if k != kind], model)
+    files = list_inputs(input_path, predictor.kind, [p.kind for p in PREDICTORS.values() if p.kind != predictor.kind], model)
     chance = chance_level(saved.card)
     if chance:
         log.warning(
             "%s: the model is at chance level on its validation split (%s): its predictions say little", card_path(saved.path), chance
         )
-    batch = run(saved, files, Path(out), batch_size or saved.task.eval_batch_size)
+    batch = predictor.run(saved, files, Path(out), batch_size or saved.task.eval_batch_size)
     if batch.flagged:
         log.warning("%d of %d inputs flagged: see the %s column of %s", batch.flagged, len(batch.rows), FLAG, batch.table)
-    return Prediction(Path(out), len(batch.rows), task, tuple(batch.skipped), batch.flagged)
+    return Prediction(Path(out), len(batch.rows), task, predictor.writes, tuple(batch.skipped), batch.flagged)
 
 
 def chance_level(card: dict) -> str | None:
@@ -370,8 +369,15 @@ def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -
     return batch
 
 
-# task -> (the inputs it takes, the function that writes their predictions and says what happened to them)
-PREDICTORS: dict[str, tuple[InputKind, Callable[[SavedModel, list[Path], Path, int], Batch]]] = {
-    "derm": (IMAGES, _classify),
-    "prostate": (VOLUMES, _segment),
+@dataclass(frozen=True)
+class Predictor:
+    kind: InputKind  # the inputs it takes
+    run: Callable[[SavedModel, list[Path], Path, int], Batch]  # writes their predictions, says what happened to them
+    writes: str  # what it writes per input, for messages
+
+
+# what a task predicts (its Task.prediction): images classified into one CSV, or volumes segmented into masks
+PREDICTORS: dict[str, Predictor] = {
+    "images": Predictor(IMAGES, _classify, "class probabilities"),
+    "volumes": Predictor(VOLUMES, _segment, "masks"),
 }

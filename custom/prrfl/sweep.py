@@ -20,7 +20,7 @@ is the same), so a long sweep can be spread over several sittings: run the same 
 with the first run not yet done.
 
 `--profile` picks the settings of every job: "quick" (the committed jobs), "bench" (the benchmark,
-5 local epochs per round, 12 rounds on dermoscopy and 6 on prostate; prrfl.flare.jobs.DERM_BENCH / PROSTATE_BENCH) or "paper";
+5 local epochs per round, 12 rounds on dermoscopy and 6 on prostate; the BENCH profiles of prrfl.tasks.derm and prrfl.tasks.prostate) or "paper";
 --set overrides apply on top.
 
 Run time on a 2-core CPU (no GPU) with the quick jobs (4 sites, synthetic federation at 8 % of

@@ -12,61 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from prrfl.config import RunConfig, with_settings
-from prrfl.registry import method_class, method_names, task_class
+from prrfl.registry import method_class, method_names, task_class, task_names
+from prrfl.tasks.base import PROFILE_NAMES
 
-# The quick default: the embedded synthetic federation at 8% of Table I, 64 px, 5 rounds x 2 epochs.
-QUICK: dict[str, Any] = {"num_rounds": 5, "local_epochs": 2}
-
-# The paper's setting (TMI 2022, Sec. IV): 128 px, 50 rounds x 5 epochs, lr 1e-2 halved every 25
-# epochs, batch 16; full Table I sizes for the synthetic federation (or set data_root per site).
-PAPER: dict[str, Any] = {
-    "num_rounds": 50,
-    "local_epochs": 5,
-    "data": {"image_size": 128, "synthetic_scale": 1.0, "synthetic_raw_size": [600, 450]},
-}
-
-# Prostate MRI, quick default: the embedded synthetic federation (5 sites, 30 % of the Table I cases,
-# 64 px slices), a width-16 DeepLab-v2 ResNet-18, Adam 1e-3, batch 8, 10 rounds x 2 epochs. The paper's
-# schedule scaled to these 20 epochs: lr halved every 8 (25 of the paper's 60 epochs x 20 / 60 = 8.3),
-# i.e. after epochs 8 and 16 as the paper's after 25 and 50.
-PROSTATE_QUICK: dict[str, Any] = {
-    "num_rounds": 10,
-    "local_epochs": 2,
-    "batch_size": 8,
-    "optimizer": "adam",
-    "lr": 1e-3,
-    "lr_step_epochs": 8,
-    "lr_gamma": 0.5,
-    "weight_decay": 0.0,
-}
-
-# The paper's prostate setting (TMI 2022, Sec. IV): 256 px slices, full Table I sizes, DeepLab-v2 with
-# a ResNet-18 backbone (width 64), Adam 1e-3, batch 8, T = 60 epochs in rounds of E = 5, "on both
-# datasets ... the learning rate is divided by 2 after every 25 epochs".
-PROSTATE_PAPER: dict[str, Any] = {
-    **PROSTATE_QUICK,
-    "num_rounds": 12,
-    "local_epochs": 5,
-    "lr_step_epochs": 25,
-    "data": {"image_size": 256, "model_width": 64, "synthetic_scale": 1.0, "synthetic_matrix_scale": 1.0},
-}
-
-
-# The benchmark (`prrfl sweep --profile bench`), at the paper's E = 5 local epochs per round, so that PRR's DET can
-# reach its Sublimate phase (a round's third epoch on; prrfl.algorithms.det.next_phase). The number of rounds is
-# where FedAvg's global model stops climbing, by the rule of docs/calibration.md ("The schedule") read from a long
-# FedAvg run: 12 rounds on dermoscopy (60 epochs; its global model predicts one class for the first rounds), 6 on
-# prostate (30 epochs). Dermoscopy: 25 % of the Table I sizes (4x the quick jobs' images, so every site holds every
-# class), 64 px, at the paper's lr 1e-2 halved every 25 epochs. Prostate: 60 % of the Table I cases, 128 px slices,
-# the quick jobs' network and schedule (lr halved every 8 epochs). Every method runs the same schedule.
-DERM_BENCH: dict[str, Any] = {"num_rounds": 12, "local_epochs": 5, "data": {"synthetic_scale": 0.25}}
-PROSTATE_BENCH: dict[str, Any] = {**PROSTATE_QUICK, "num_rounds": 6, "local_epochs": 5, "data": {"image_size": 128, "synthetic_scale": 0.6}}
-
-# The settings of every <task>_<method> job under a profile: "quick" (the committed jobs), "bench", "paper".
+# The settings of every <task>_<method> job under a profile: "quick" (the committed jobs), "bench", "paper"; each
+# task states its own (Task.profiles).
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
-    "quick": {"derm": QUICK, "prostate": PROSTATE_QUICK},
-    "bench": {"derm": DERM_BENCH, "prostate": PROSTATE_BENCH},
-    "paper": {"derm": PAPER, "prostate": PROSTATE_PAPER},
+    profile: {task: task_class(task).profiles[profile] for task in task_names()} for profile in PROFILE_NAMES
 }
 
 
@@ -78,11 +30,14 @@ def _method_jobs(task: str, settings: dict[str, Any]) -> dict[str, dict[str, Any
     return {f"{task}_{method}": {"task": task, "method": method, **settings} for method in methods}
 
 
+# per task: <task>_prr_paper (PRR at the paper's setting), then its <task>_<method> jobs
 JOBS: dict[str, dict[str, Any]] = {
-    "derm_prr_paper": {"task": "derm", "method": "prr", **PAPER},
-    **_method_jobs("derm", QUICK),
-    "prostate_prr_paper": {"task": "prostate", "method": "prr", **PROSTATE_PAPER},
-    **_method_jobs("prostate", PROSTATE_QUICK),
+    name: job
+    for task in task_names()
+    for name, job in {
+        f"{task}_prr_paper": {"task": task, "method": "prr", **PROFILES["paper"][task]},
+        **_method_jobs(task, PROFILES["quick"][task]),
+    }.items()
 }
 
 

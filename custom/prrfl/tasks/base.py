@@ -83,6 +83,11 @@ class MissingCohort(FileNotFoundError):
         self.root, self.cohort, self.available = Path(root), cohort, available
 
 
+# The job profiles every task states its settings for (Task.profiles): "quick", the committed <task>_<method> jobs
+# that run in minutes on a laptop; "bench", the benchmark's (`prrfl sweep --profile bench`); "paper", the paper's.
+PROFILE_NAMES = ("quick", "bench", "paper")
+
+
 class Task:
     """Base of a task package's main class."""
 
@@ -100,6 +105,8 @@ class Task:
     table_note: ClassVar[str] = ""  # what a reader of the per-site table must know about its metrics (the report prints it)
     sample_noun: ClassVar[str] = "images"  # what num_train counts, for messages
     eval_batch_size: ClassVar[int] = 64  # samples per evaluation chunk: bounds a site's memory (benchmarks/memory.py)
+    profiles: ClassVar[dict[str, dict[str, Any]]]  # PROFILE_NAMES -> the job settings (RunConfig fields) of that profile
+    prediction: ClassVar[str]  # what `prrfl predict` takes and writes for this task: a key of prrfl.predict.PREDICTORS
 
     def __init__(self, data_cfg: dict[str, Any]):
         self.data_cfg = dict(data_cfg)

@@ -53,6 +53,27 @@ DEFAULT_DATA: dict[str, Any] = {
 }
 
 
+# Job settings per profile (Task.profiles; prrfl.flare.jobs builds every derm_<method> job from them).
+# quick: the embedded synthetic federation at 8% of Table I, 64 px, 5 rounds x 2 epochs.
+QUICK: dict[str, Any] = {"num_rounds": 5, "local_epochs": 2}
+
+# paper (TMI 2022, Sec. IV): 128 px, 50 rounds x 5 epochs, lr 1e-2 halved every 25 epochs, batch 16; full Table I
+# sizes for the synthetic federation (or set data_root per site).
+PAPER: dict[str, Any] = {
+    "num_rounds": 50,
+    "local_epochs": 5,
+    "data": {"image_size": 128, "synthetic_scale": 1.0, "synthetic_raw_size": [600, 450]},
+}
+
+# bench (`prrfl sweep --profile bench`), at the paper's E = 5 local epochs per round, so that PRR's DET can reach
+# its Sublimate phase (a round's third epoch on; prrfl.algorithms.det.next_phase). 12 rounds: where FedAvg's global
+# model stops climbing, by the rule of docs/calibration.md ("The schedule") read from a long FedAvg run (60 epochs;
+# its global model predicts one class for the first rounds). 25 % of the Table I sizes (4x the quick jobs' images,
+# so every site holds every class), 64 px, at the paper's lr 1e-2 halved every 25 epochs. Every method runs the
+# same schedule.
+BENCH: dict[str, Any] = {"num_rounds": 12, "local_epochs": 5, "data": {"synthetic_scale": 0.25}}
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("PRRFL_CACHE", Path.home() / ".cache" / "prrfl"))
 
@@ -65,6 +86,8 @@ class DermTask(ClassificationTask):
     ood_cohort = "OOD"
     ood_scored_by = "A"  # TMI Table X: site A's model on ViDIR Legacy
     paper_table = "Table II"
+    profiles = {"quick": QUICK, "bench": BENCH, "paper": PAPER}
+    prediction = "images"
 
     def __init__(self, data_cfg: dict[str, Any]):
         check_options(data_cfg, typing.get_type_hints(DermData), owner="derm data", path="data")

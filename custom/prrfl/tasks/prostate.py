@@ -68,6 +68,38 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("PRRFL_CACHE", Path.home() / ".cache" / "prrfl"))
 
 
+# Job settings per profile (Task.profiles; prrfl.flare.jobs builds every prostate_<method> job from them).
+# quick: the embedded synthetic federation (5 sites, 30 % of the Table I cases, 64 px slices), a width-16 DeepLab-v2
+# ResNet-18, Adam 1e-3, batch 8, 10 rounds x 2 epochs. The paper's schedule scaled to these 20 epochs: lr halved
+# every 8 (25 of the paper's 60 epochs x 20 / 60 = 8.3), i.e. after epochs 8 and 16 as the paper's after 25 and 50.
+QUICK: dict[str, Any] = {
+    "num_rounds": 10,
+    "local_epochs": 2,
+    "batch_size": 8,
+    "optimizer": "adam",
+    "lr": 1e-3,
+    "lr_step_epochs": 8,
+    "lr_gamma": 0.5,
+    "weight_decay": 0.0,
+}
+
+# paper (TMI 2022, Sec. IV): 256 px slices, full Table I sizes, DeepLab-v2 with a ResNet-18 backbone (width 64),
+# Adam 1e-3, batch 8, T = 60 epochs in rounds of E = 5, "on both datasets ... the learning rate is divided by 2
+# after every 25 epochs".
+PAPER: dict[str, Any] = {
+    **QUICK,
+    "num_rounds": 12,
+    "local_epochs": 5,
+    "lr_step_epochs": 25,
+    "data": {"image_size": 256, "model_width": 64, "synthetic_scale": 1.0, "synthetic_matrix_scale": 1.0},
+}
+
+# bench (`prrfl sweep --profile bench`), at the paper's E = 5: 6 rounds (30 epochs), where FedAvg's global model
+# stops climbing by the rule of docs/calibration.md ("The schedule"); 60 % of the Table I cases, 128 px slices, the
+# quick jobs' network and schedule (lr halved every 8 epochs). Every method runs the same schedule.
+BENCH: dict[str, Any] = {**QUICK, "num_rounds": 6, "local_epochs": 5, "data": {"image_size": 128, "synthetic_scale": 0.6}}
+
+
 class ProstateTask(SegmentationTask):
     name = "prostate"
     num_classes = 2
@@ -75,6 +107,8 @@ class ProstateTask(SegmentationTask):
     site_names = TABLE_SITES  # RUNMC, BMC, UCL, BIDMC, HK: clients A-E
     extra_cohorts = tuple(s for s in SITES if s not in TABLE_SITES)  # I2CVB, through a site's settings
     paper_table = "Table III"
+    profiles = {"quick": QUICK, "bench": BENCH, "paper": PAPER}
+    prediction = "volumes"
 
     def __init__(self, data_cfg: dict[str, Any]):
         check_options(data_cfg, typing.get_type_hints(ProstateData), owner="prostate data", path="data")
