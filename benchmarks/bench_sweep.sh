@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bench, one (method, seed) run at a time, so that it can be spread over days and machines: each run is a
 # `prrfl sweep --profile bench` of its own (5 local epochs a round, 12 rounds on dermoscopy and 6 on prostate, every
-# method alike; the BENCH profiles of prrfl.tasks.derm and prrfl.tasks.prostate); after it finishes, its slim results
+# method alike; the BENCH profiles of prrfl.tasks.derm.task and prrfl.tasks.prostate.task); after it finishes, its slim results
 # (benchmarks/keep_results.py: results.json, crosseval.json, the .done.json marker; no models) are copied into
 # docs/results/<plan folder>/<task>, and a run whose marker is there already is skipped.
 #

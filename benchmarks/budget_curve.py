@@ -1,7 +1,7 @@
 """What a run would have reported had it stopped after k rounds, for k = 1..R: each site's test metrics
 at its best validation round among the first k (the rule the sites apply), averaged over the sites.
 When these numbers stop changing, more rounds would not change the comparison: the check behind the
-bench profile's round count (the BENCH profiles of prrfl.tasks.derm and prrfl.tasks.prostate).
+bench profile's round count (the BENCH profiles of prrfl.tasks.derm.task and prrfl.tasks.prostate.task).
 
     python benchmarks/budget_curve.py <workspace> [<workspace> ...]
 

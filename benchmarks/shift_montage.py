@@ -18,12 +18,12 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-from prrfl.data.derm.plan import plan_federation
-from prrfl.data.derm.synthetic import render_synthetic_image
-from prrfl.data.prostate.layout import TABLE_SITES
-from prrfl.data.prostate.preview import LEVELS, preview_slices
-from prrfl.data.prostate.synthetic import plan_case, synthesize_case
 from prrfl.storage import atomic_write_bytes
+from prrfl.tasks.derm.plan import plan_federation
+from prrfl.tasks.derm.synthetic import render_synthetic_image
+from prrfl.tasks.prostate.layout import TABLE_SITES
+from prrfl.tasks.prostate.preview import LEVELS, preview_slices
+from prrfl.tasks.prostate.synthetic import plan_case, synthesize_case
 
 DERM_SITES = ("A", "B", "C", "D")
 

@@ -144,7 +144,7 @@ def test_a_kept_run_counts_for_the_bench_only_with_the_config_the_bench_would_ru
     finally:
         sys.path.pop(0)
     from prrfl.sweep import run_config
-    from prrfl.tasks.prostate import DEFAULT_DATA
+    from prrfl.tasks.prostate.task import DEFAULT_DATA
 
     config = run_config("fedavg", 0, [f"data.synthetic_shift={DEFAULT_DATA['synthetic_shift']}"], "prostate", "bench").to_dict()
     marker = tmp_path / "fedavg_s0.done.json"

@@ -219,10 +219,33 @@ def test_the_method_builds_models_and_the_configured_optimiser(tiny_seg_task, ti
 
 
 def test_each_task_states_its_preprocessing_for_the_model_card():
-    from prrfl.tasks.derm import DermTask
-    from prrfl.tasks.prostate import ProstateTask
+    from prrfl.tasks.derm.task import DermTask
+    from prrfl.tasks.prostate.task import ProstateTask
 
     derm, prostate = DermTask({"image_size": 48}).preprocessing(), ProstateTask({"image_size": 96}).preprocessing()
     assert (derm["image_size"], derm["channels"]) == (48, 3) and "bicubic resize to 48 x 48, uint8" in derm["steps"]
     assert (prostate["image_size"], prostate["channels"]) == (96, 1)
     assert any("0.5 and 99.5 percentiles" in step for step in prostate["steps"])
+
+
+# ----- a task is one package -------------------------------------------------------------------------
+def test_every_task_is_one_package_that_states_what_the_jobs_predict_and_data_commands_need(tmp_path):
+    """What the job table, `prrfl predict` and the data command line know of a task, the task states: its settings
+    under every job profile, what `prrfl predict` does with its inputs, and its package, whose `__main__` is its data
+    command line (named in the error for an unprepared data root)."""
+    import importlib.util
+
+    from prrfl.flare.jobs import JOBS, PROFILES
+    from prrfl.predict import PREDICTORS
+    from prrfl.registry import task_class, task_names
+    from prrfl.tasks.base import PROFILE_NAMES
+
+    assert task_names() == ["derm", "isic2019", "prostate"]
+    for name in task_names():
+        cls = task_class(name)
+        assert sorted(cls.profiles) == sorted(PROFILE_NAMES) and cls.prediction in PREDICTORS
+        assert {p: PROFILES[p][name] for p in PROFILE_NAMES} == cls.profiles
+        assert cls.package() == f"prrfl.tasks.{name}" and importlib.util.find_spec(f"{cls.package()}.__main__")
+        assert f"{name}_prr_paper" in JOBS and f"{name}_fedavg" in JOBS
+        with pytest.raises(FileNotFoundError, match=f"python -m prrfl.tasks.{name} prepare"):
+            cls({}).given_root(str(tmp_path))

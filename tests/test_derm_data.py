@@ -13,23 +13,23 @@ import pytest
 import torch
 from PIL import Image
 
-from prrfl.data.derm import __main__ as cli
-from prrfl.data.derm.author_splits import (
+from prrfl.tasks.derm import __main__ as cli
+from prrfl.tasks.derm.author_splits import (
     author_split_counts,
     author_split_path,
     read_author_split_file,
     read_author_splits,
 )
-from prrfl.data.derm.cache import ensure_synthetic_federation
-from prrfl.data.derm.layout import DEFAULT_LAYOUT as L
-from prrfl.data.derm.layout import SPLITS
-from prrfl.data.derm.plan import table_counts
-from prrfl.data.derm.prepare import Manifest, prepare_dermoscopy
-from prrfl.data.derm.records import read_ham10000, read_isic2017
-from prrfl.data.derm.splitting import HELDOUT_MIN_PER_CLASS, stratified_assignment
-from prrfl.data.derm.store import class_counts, load_split
-from prrfl.data.derm.synthetic import generate_synthetic
-from prrfl.tasks.derm import DermTask
+from prrfl.tasks.derm.cache import ensure_synthetic_federation
+from prrfl.tasks.derm.layout import DEFAULT_LAYOUT as L
+from prrfl.tasks.derm.layout import SPLITS
+from prrfl.tasks.derm.plan import table_counts
+from prrfl.tasks.derm.prepare import Manifest, prepare_dermoscopy
+from prrfl.tasks.derm.records import read_ham10000, read_isic2017
+from prrfl.tasks.derm.splitting import HELDOUT_MIN_PER_CLASS, stratified_assignment
+from prrfl.tasks.derm.store import class_counts, load_split
+from prrfl.tasks.derm.synthetic import generate_synthetic
+from prrfl.tasks.derm.task import DermTask
 
 AUTHORS_COPY = Path(__file__).parent / "data" / "authors_splits"
 

@@ -13,7 +13,7 @@ from conftest import TINY_DATA
 from prrfl.data.augment import DermAugment, normalize
 from prrfl.metrics import classification_metrics
 from prrfl.models import SlimVGG16BN
-from prrfl.tasks.derm import DermTask
+from prrfl.tasks.derm.task import DermTask
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prrfl.data.derm import lesions, synthetic
-from prrfl.data.derm.layout import DEFAULT_LAYOUT as L
-from prrfl.data.derm.layout import SITES
-from prrfl.data.derm.plan import class_floor, plan_federation, table_counts
-from prrfl.data.derm.records import read_sites
-from prrfl.data.derm.splitting import HELDOUT_MIN_PER_CLASS
-from prrfl.data.derm.synthetic import generate_synthetic, render_synthetic_image
+from prrfl.tasks.derm import lesions, synthetic
+from prrfl.tasks.derm.layout import DEFAULT_LAYOUT as L
+from prrfl.tasks.derm.layout import SITES
+from prrfl.tasks.derm.plan import class_floor, plan_federation, table_counts
+from prrfl.tasks.derm.records import read_sites
+from prrfl.tasks.derm.splitting import HELDOUT_MIN_PER_CLASS
+from prrfl.tasks.derm.synthetic import generate_synthetic, render_synthetic_image
 
 AUTHORS = Path(__file__).parent / "data" / "authors_splits"
 
@@ -226,7 +226,7 @@ def test_generation_is_atomic(tmp_path, monkeypatch):
 
 
 def test_a_site_shift_scales_each_cohorts_departure_from_the_average_dermoscope():
-    from prrfl.data.derm.acquisition import SITE_PROFILES, shifted
+    from prrfl.tasks.derm.acquisition import SITE_PROFILES, shifted
 
     a, b = SITE_PROFILES["A"], SITE_PROFILES["B"]
     assert shifted(a, 1.0) is a

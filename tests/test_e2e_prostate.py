@@ -85,11 +85,11 @@ def test_predict_writes_the_trained_models_masks_on_each_raw_volumes_grid(finish
     import nibabel as nib
 
     from prrfl.data.augment import normalize
-    from prrfl.data.prostate.prepare import restore_labels
-    from prrfl.data.prostate.reader import from_canonical, load_image
-    from prrfl.data.prostate.store import load_split
     from prrfl.inference import load_saved_model
     from prrfl.predict import predict
+    from prrfl.tasks.prostate.prepare import restore_labels
+    from prrfl.tasks.prostate.reader import from_canonical, load_image
+    from prrfl.tasks.prostate.store import load_split
 
     ws, _ = finished_run
     best = ws.with_name("ws.state") / "site-1/prostate_prr/best_personal.pt"

@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 from conftest import make_runtime
 
+from prrfl.algorithms.losses import balanced_softmax_loss
 from prrfl.config import ConfigError, RunConfig
 from prrfl.messages import Download
-from prrfl.methods.fca import FCA, authors_consistency, balanced_softmax_loss
+from prrfl.methods.fca import FCA, authors_consistency
 from prrfl.registry import build_method
 from prrfl.site.trainer import run_round
 

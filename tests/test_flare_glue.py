@@ -21,7 +21,7 @@ from prrfl.flare.recipe import PRIVACY_FILTERS, export_job
 from prrfl.messages import Download, Upload
 from prrfl.server.checks import upload_problem
 from prrfl.server.federation import add_to_sent
-from prrfl.tasks.derm import DermTask
+from prrfl.tasks.derm.task import DermTask
 
 JOBS_DIR = Path(__file__).resolve().parents[1] / "jobs"
 

@@ -77,7 +77,7 @@ def test_results_table_reports_best_round_test_metrics_and_the_mean():
     assert "| site-1 | 3 | 70.00 | 90.00 |" in table
     assert table.endswith("| **mean** | | **65.00** | **85.00** |")
     # a segmentation task's per-slice rule stands under its table
-    from prrfl.tasks.prostate import ProstateTask
+    from prrfl.tasks.prostate.task import ProstateTask
 
     noted = results_table(summaries, ("f1", "auc"), ProstateTask.table_note)
     assert noted == table + "\n\n" + ProstateTask.table_note

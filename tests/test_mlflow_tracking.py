@@ -60,7 +60,7 @@ def test_runs_are_named_by_their_origin_and_the_config_is_the_workflows():
 def test_the_data_settings_are_logged_with_the_tasks_defaults_filled_in():
     """A job that sets no data option still logs the image size and scale it trains at (not `data: {}`)."""
     from prrfl.config import RunConfig
-    from prrfl.tasks.derm import DEFAULT_DATA
+    from prrfl.tasks.derm.task import DEFAULT_DATA
 
     cfg = RunConfig(task="derm", method="prr")
     assert cfg.to_dict()["data"] == {}

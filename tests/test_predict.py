@@ -84,8 +84,8 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 @pytest.fixture(scope="module")
 def derm_raw(tmp_path_factory) -> tuple[Path, Path]:
     """Site A of a synthetic federation: raw JPEGs in the HAM10000 layout, and the same prepared at 32 px."""
-    from prrfl.data.derm.prepare import prepare_dermoscopy
-    from prrfl.data.derm.synthetic import generate_synthetic
+    from prrfl.tasks.derm.prepare import prepare_dermoscopy
+    from prrfl.tasks.derm.synthetic import generate_synthetic
 
     root = tmp_path_factory.mktemp("derm")
     generate_synthetic(root / "raw", scale=0.005, seed=0, image_size=(48, 36), sites=("A",))
@@ -146,8 +146,8 @@ def test_derm_csv_one_row_per_image_in_sorted_order_probabilities_sum_to_one_arg
 def prostate_raw(tmp_path_factory) -> tuple[Path, Path]:
     """RUNMC of a synthetic federation: raw NIfTI cases (48 x 48 slices, LPS on disk) with their masks,
     and the same prepared at 32 px."""
-    from prrfl.data.prostate.prepare import prepare_prostate
-    from prrfl.data.prostate.synthetic import generate_synthetic_prostate
+    from prrfl.tasks.prostate.prepare import prepare_prostate
+    from prrfl.tasks.prostate.synthetic import generate_synthetic_prostate
 
     root = tmp_path_factory.mktemp("prostate")
     generate_synthetic_prostate(root / "raw", scale=0.1, seed=3, max_matrix=48, sites=["RUNMC", "BMC"])
@@ -161,9 +161,9 @@ def prostate_model(tmp_path_factory, prostate_raw) -> Path:
 
 
 def test_prostate_masks_are_on_the_inputs_grid_from_the_slices_training_prepared(prostate_raw, prostate_model, tmp_path):
-    from prrfl.data.prostate.prepare import prepare_image, restore_labels
-    from prrfl.data.prostate.reader import from_canonical, load_image
-    from prrfl.data.prostate.store import load_split
+    from prrfl.tasks.prostate.prepare import prepare_image, restore_labels
+    from prrfl.tasks.prostate.reader import from_canonical, load_image
+    from prrfl.tasks.prostate.store import load_split
 
     raw, prepared = prostate_raw
     out = tmp_path / "masks"
@@ -196,8 +196,8 @@ def test_an_identity_size_volume_gets_the_models_argmax_on_its_prepared_slices_i
 ):
     """A 32 x 32 x Z volume stored L-P-S (no padding, no resizing at 32 px): the mask, seen in RAS+ by
     nibabel, is the model's argmax on the slices preparation makes of the case."""
-    from prrfl.data.prostate.prepare import prepare_case
-    from prrfl.data.prostate.reader import CaseFiles, from_display, load_case
+    from prrfl.tasks.prostate.prepare import prepare_case
+    from prrfl.tasks.prostate.reader import CaseFiles, from_display, load_case
 
     raw, _ = prostate_raw
     source = nib.load(raw / "Case00.nii.gz")
@@ -223,8 +223,8 @@ def test_an_identity_size_volume_gets_the_models_argmax_on_its_prepared_slices_i
 
 
 def test_restore_labels_undoes_padding_and_resizing_of_a_non_square_volume():
-    from prrfl.data.prostate.prepare import resize_slices, restore_labels, square_pad
-    from prrfl.data.prostate.reader import to_display
+    from prrfl.tasks.prostate.prepare import resize_slices, restore_labels, square_pad
+    from prrfl.tasks.prostate.reader import to_display
 
     rng = np.random.default_rng(0)
     volume = (rng.random((12, 16, 3)) > 0.5).astype(np.uint8)  # RAS+ [X, Y, Z]: display slices 16 x 12, padded to 16
@@ -397,7 +397,7 @@ def test_the_card_holds_the_weights_sha256_code_version_data_fingerprint_and_syn
 
 
 def test_the_embedded_federation_is_synthetic_whatever_its_manifest(derm_raw, monkeypatch, tmp_path):
-    from prrfl.tasks.derm import DermTask
+    from prrfl.tasks.derm.task import DermTask
 
     monkeypatch.setattr(DermTask, "prepared_root", lambda self, data_root, workers=1: tmp_path)  # no data root: the cache
     (tmp_path / "manifest.json").write_text('{"config": {"synthetic": null}}')

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from prrfl.data.prostate import __main__ as cli
-from prrfl.data.prostate import cache as cache_mod
-from prrfl.data.prostate.anatomy import Grid, gland_occupancy, sample_anatomy
-from prrfl.data.prostate.cache import ensure_synthetic_prostate
-from prrfl.data.prostate.layout import SITE_NAMES, SITES, SPLITS, TABLE_SITES
-from prrfl.data.prostate.prepare import ProstateManifest, prepare_prostate
-from prrfl.data.prostate.reader import (
+from prrfl.tasks.prostate import __main__ as cli
+from prrfl.tasks.prostate import cache as cache_mod
+from prrfl.tasks.prostate.anatomy import Grid, gland_occupancy, sample_anatomy
+from prrfl.tasks.prostate.cache import ensure_synthetic_prostate
+from prrfl.tasks.prostate.layout import SITE_NAMES, SITES, SPLITS, TABLE_SITES
+from prrfl.tasks.prostate.prepare import ProstateManifest, prepare_prostate
+from prrfl.tasks.prostate.reader import (
     CaseFiles,
     ProstateDataError,
     from_display,
@@ -29,10 +29,10 @@ from prrfl.data.prostate.reader import (
     load_case,
     to_display,
 )
-from prrfl.data.prostate.scanner import SCANNER_PROFILES, acquire, b1_shading, receive_field
-from prrfl.data.prostate.splitting import patient_split
-from prrfl.data.prostate.store import load_split, split_path
-from prrfl.data.prostate.synthetic import (
+from prrfl.tasks.prostate.scanner import SCANNER_PROFILES, acquire, b1_shading, receive_field
+from prrfl.tasks.prostate.splitting import patient_split
+from prrfl.tasks.prostate.store import load_split, split_path
+from prrfl.tasks.prostate.synthetic import (
     case_counts,
     generate_synthetic_prostate,
     plan_case,
@@ -710,7 +710,7 @@ def test_gland_edge_softens_towards_apex_and_base_and_with_thick_slices():
 
 def test_level_montage_shows_every_site(synth, tmp_path):
     pytest.importorskip("matplotlib")
-    from prrfl.data.prostate.preview import write_level_montage
+    from prrfl.tasks.prostate.preview import write_level_montage
 
     raw, _ = synth
     path = write_level_montage(raw, tmp_path / "mid.png", sites=["BMC", "HK"], cases=2, level="mid-gland", outline=True)
@@ -720,8 +720,8 @@ def test_level_montage_shows_every_site(synth, tmp_path):
 
 
 def test_the_site_table_and_the_scanner_profiles_agree_on_the_endorectal_coil():
-    from prrfl.data.prostate.layout import SITES
-    from prrfl.data.prostate.scanner import SCANNER_PROFILES
+    from prrfl.tasks.prostate.layout import SITES
+    from prrfl.tasks.prostate.scanner import SCANNER_PROFILES
 
     assert (
         {n for n, s in SITES.items() if s.endorectal_coil}
@@ -731,7 +731,7 @@ def test_the_site_table_and_the_scanner_profiles_agree_on_the_endorectal_coil():
 
 
 def test_a_site_shift_scales_each_scanners_departure_from_the_average_one():
-    from prrfl.data.prostate.scanner import SCANNER_PROFILES, shifted
+    from prrfl.tasks.prostate.scanner import SCANNER_PROFILES, shifted
 
     bmc, runmc = SCANNER_PROFILES["BMC"], SCANNER_PROFILES["RUNMC"]
     assert shifted(bmc, 1.0) is bmc

@@ -8,7 +8,7 @@ import torch
 
 from prrfl.config import ConfigError, RunConfig
 from prrfl.registry import build_method, validate_config
-from prrfl.tasks.prostate import ProstateTask
+from prrfl.tasks.prostate.task import ProstateTask
 
 TINY = {"image_size": 32, "model_width": 4, "synthetic_scale": 0.1, "synthetic_matrix_scale": 0.15}
 

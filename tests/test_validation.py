@@ -2,7 +2,7 @@
 
 Whole-config validation (RunConfig fields, task and method names, method options read from the
 constructors' signatures, the task's data options), min_sites, empty raw or prepared data, and the
-exit status and stderr of `prrfl` and `python -m prrfl.data.derm`.
+exit status and stderr of `prrfl` and `python -m prrfl.tasks.derm`.
 """
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ import torch
 from prrfl import cli
 from prrfl.algorithms import det, pfa, prototypes
 from prrfl.config import ConfigError, RunConfig, describe, matches
-from prrfl.data.derm import __main__ as data_cli
-from prrfl.data.derm.author_splits import read_author_split_file
-from prrfl.data.derm.layout import DEFAULT_LAYOUT as L
-from prrfl.data.derm.layout import HAM_COLUMNS, ISIC_COLUMNS
-from prrfl.data.derm.prepare import prepare_dermoscopy
-from prrfl.data.derm.records import read_ham10000, read_isic2017
-from prrfl.data.derm.store import save_split
 from prrfl.errors import CommandFailed, run_command
 from prrfl.flare.jobs import JOBS, job_config
 from prrfl.methods.prr import PHASE_NAMES
 from prrfl.registry import method_class, method_names, validate_config
 from prrfl.server import aggregation
 from prrfl.sweep import sweep
-from prrfl.tasks.derm import DEFAULT_DATA, DermData, DermTask
+from prrfl.tasks.derm import __main__ as data_cli
+from prrfl.tasks.derm.author_splits import read_author_split_file
+from prrfl.tasks.derm.layout import DEFAULT_LAYOUT as L
+from prrfl.tasks.derm.layout import HAM_COLUMNS, ISIC_COLUMNS
+from prrfl.tasks.derm.prepare import prepare_dermoscopy
+from prrfl.tasks.derm.records import read_ham10000, read_isic2017
+from prrfl.tasks.derm.store import save_split
+from prrfl.tasks.derm.task import DEFAULT_DATA, DermData, DermTask
 
 
 def refused(values: dict) -> str:
@@ -122,7 +122,7 @@ def test_task_and_method_names_come_from_the_registry():
     assert refused({"method": "fedavgg"}).startswith(
         "config field 'method' must be one of ['apfl', 'fca', 'fedavg', 'fedbn', 'fedeamc', 'fedfocal', 'fedproto', 'fedprox', 'fml', 'harmofl',"
     )
-    assert refused({"task": "skin"}) == "config field 'task' must be one of ['derm', 'prostate'], got 'skin'"
+    assert refused({"task": "skin"}) == "config field 'task' must be one of ['derm', 'isic2019', 'prostate'], got 'skin'"
 
 
 def test_a_boolean_option_typo_is_refused_with_its_path():

@@ -211,6 +211,10 @@ class RunConfig:
     # it, scored when the download arrives (its papers' protocol); false: its site's model after the local epochs,
     # as personalized methods report theirs (Method.reports_download)
     report_global_model: bool = True
+    # the classification term of every model a site trains (classification tasks): "method", the method's own (cross
+    # entropy, or its imbalance loss: PRR's CPA, FedFocal's focal loss, ...); "balanced_softmax", the balanced softmax
+    # of the site's own class prior for every method, as FCA trains every framework it compares (Method.supervised_loss)
+    class_loss: Literal["method", "balanced_softmax"] = "method"
     method_args: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
 

@@ -1,4 +1,4 @@
-"""How the command lines (`prrfl`, `python -m prrfl.data.derm`) end: one readable line per error.
+"""How the command lines (`prrfl`, `python -m prrfl.tasks.derm`) end: one readable line per error.
 
 An expected failure (a bad value in a job, a missing, empty or unreadable file, a run that failed)
 is reported as `prrfl: error: <message>` on stderr, the message naming the file or config field,

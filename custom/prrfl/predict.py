@@ -2,7 +2,7 @@
 
 The model is rebuilt from its card (`prrfl.inference.load_saved_model`) and every input goes through
 the functions that prepared the training data, at the card's image size: a dermoscopic image through
-`prrfl.data.derm.images.load_square`, a prostate MRI volume through `reader.load_image` and
+`prrfl.tasks.derm.images.load_square`, a prostate MRI volume through `reader.load_image` and
 `prepare.prepare_image`; then the task's `eval_transform`, as in evaluation. Nothing about the
 preprocessing is typed by the user.
 
@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from prrfl.data.prostate.layout import MASK_TAGS, NIFTI_SUFFIXES, nifti_stem
 from prrfl.errors import error_message
 from prrfl.inference import SavedModel, card_path, load_saved_model
 from prrfl.storage import save_text
+from prrfl.tasks.prostate.layout import MASK_TAGS, NIFTI_SUFFIXES, nifti_stem
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ def _csv_text(header: list[str], rows: list[list]) -> str:
 def _classify(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -> Batch:
     from PIL import Image
 
-    from prrfl.data.derm.images import load_square
+    from prrfl.tasks.derm.images import load_square
 
     if out.is_dir():
         raise ValueError(f"{out} is a folder, but a {saved.card['task']} model writes one CSV file: give --out a file name")
@@ -337,8 +337,8 @@ def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -
     import nibabel as nib
 
     from prrfl.data.build import build_dir
-    from prrfl.data.prostate.prepare import prepare_image, restore_labels
-    from prrfl.data.prostate.reader import from_canonical, load_image
+    from prrfl.tasks.prostate.prepare import prepare_image, restore_labels
+    from prrfl.tasks.prostate.reader import from_canonical, load_image
 
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file, but a {saved.card['task']} model writes a folder of masks: give --out a folder")

@@ -7,13 +7,15 @@ from typing import Any
 from prrfl.config import ConfigError, RunConfig, check_name, check_options
 from prrfl.methods.base import Method
 from prrfl.tasks.base import Task
+from prrfl.tasks.classification import ClassificationTask
 
 
 def _tasks() -> dict[str, type[Task]]:
-    from prrfl.tasks.derm import DermTask
-    from prrfl.tasks.prostate import ProstateTask
+    from prrfl.tasks.derm.task import DermTask
+    from prrfl.tasks.isic2019.task import Isic2019Task
+    from prrfl.tasks.prostate.task import ProstateTask
 
-    return {cls.name: cls for cls in (DermTask, ProstateTask)}
+    return {cls.name: cls for cls in (DermTask, ProstateTask, Isic2019Task)}
 
 
 def _methods() -> dict[str, type[Method]]:
@@ -63,6 +65,8 @@ def build_method(cfg: RunConfig, task: Task) -> Method:
     method_args are checked against the constructor's signature (`Method.option_parameters`), then
     the constructor applies its own rules."""
     cls = method_class(cfg.method)
+    if cfg.class_loss != "method" and not isinstance(task, ClassificationTask):
+        raise ConfigError(f"config field 'class_loss': {cfg.class_loss} needs a classification task; task '{task.name}' is not one")
     reason = cls.unsupported_reason(task)
     if reason:
         raise ConfigError(f"config field 'method': method '{cfg.method}' cannot run on task '{task.name}': {reason}")

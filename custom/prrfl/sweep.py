@@ -20,7 +20,7 @@ is the same), so a long sweep can be spread over several sittings: run the same 
 with the first run not yet done.
 
 `--profile` picks the settings of every job: "quick" (the committed jobs), "bench" (the benchmark,
-5 local epochs per round, 12 rounds on dermoscopy and 6 on prostate; the BENCH profiles of prrfl.tasks.derm and prrfl.tasks.prostate) or "paper";
+5 local epochs per round, 12 rounds on dermoscopy and 6 on prostate; the BENCH profiles of prrfl.tasks.derm.task and prrfl.tasks.prostate.task) or "paper";
 --set overrides apply on top.
 
 Run time on a 2-core CPU (no GPU) with the quick jobs (4 sites, synthetic federation at 8 % of
@@ -199,7 +199,9 @@ def sweep(
         except (OSError, ValueError, RuntimeError) as e:
             print(f"[{i}/{len(runs)}] {run.name}: no generalization/specialization evaluation: {e}", flush=True)
         save_json({"config": run.cfg.to_dict(), "sites": sites, "simulator_seconds": round(seconds, 1)}, run.done_marker)
-    labels = list(dict.fromkeys(variant_label(run.method, run.cfg.method_args) for run in runs))  # as the results name them
+    labels = list(
+        dict.fromkeys(variant_label(run.method, run.cfg.method_args, run.cfg.class_loss) for run in runs)
+    )  # as the results name them
     report = build_report([run.workspace for run in runs], root / "report", methods=labels, task=task)
     print(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; report: {report}", flush=True)
     return report

@@ -10,10 +10,10 @@ rendered from a seed (the same files every time) and written atomically: a folde
 import argparse
 from pathlib import Path
 
-from prrfl.data.derm.layout import CLASS_NAMES, TRAIN_SITES
-from prrfl.data.derm.plan import plan_federation
-from prrfl.data.derm.synthetic import render_synthetic_image
 from prrfl.storage import publish_dir, temp_dir_beside
+from prrfl.tasks.derm.layout import CLASS_NAMES, TRAIN_SITES
+from prrfl.tasks.derm.plan import plan_federation
+from prrfl.tasks.derm.synthetic import render_synthetic_image
 
 
 def write_site_folders(

@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +36,11 @@ def file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def default_cache_dir() -> Path:
+    """Where the embedded synthetic federations are built and kept: $PRRFL_CACHE, else ~/.cache/prrfl."""
+    return Path(os.environ.get("PRRFL_CACHE", Path.home() / ".cache" / "prrfl"))
 
 
 def build_dir(target: str | Path, write: Callable[[Path], T], *, overwrite: bool) -> T:

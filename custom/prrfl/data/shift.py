@@ -1,6 +1,6 @@
 """Scaling how much the synthetic sites differ: one setting of a site moved away from (or towards) the federation's
-average of it by a factor `shift` (the task's `data.synthetic_shift`; prrfl.data.derm.acquisition.shifted and
-prrfl.data.prostate.scanner.shifted apply it to every acquisition setting of a site profile)."""
+average of it by a factor `shift` (the task's `data.synthetic_shift`; prrfl.tasks.derm.acquisition.shifted and
+prrfl.tasks.prostate.scanner.shifted apply it to every acquisition setting of a site profile)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from prrfl.algorithms.losses import balanced_softmax_loss
 from prrfl.messages import Download, StateDict, Upload
 from prrfl.methods.view import SiteView
 
@@ -185,8 +186,16 @@ class Method:
         return {role: float(loss.detach()) for role, loss in losses.items()}
 
     def supervised_loss(self, site: SiteView, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The task's loss; an imbalance method passes its own classification term into it."""
-        return self.task.loss(logits, targets)
+        """The task's loss with the run's classification term (config `class_loss`): the method's own (`class_term`),
+        or for every method the balanced softmax of the site's own class prior (FCA's protocol)."""
+        if self.cfg.class_loss == "balanced_softmax":
+            return self.task.loss(logits, targets, class_term=balanced_softmax_loss(logits, targets, torch.tensor(site.class_counts)))
+        return self.task.loss(logits, targets, class_term=self.class_term(site, logits, targets))
+
+    def class_term(self, site: SiteView, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """The method's own classification term of a batch (an imbalance method's loss), in place of the task's cross
+        entropy; None: the task's own."""
+        return None
 
     def losses(
         self, site: SiteView, targets: torch.Tensor, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]]

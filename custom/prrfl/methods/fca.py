@@ -7,10 +7,10 @@ import copy
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from prrfl.algorithms.det import kl_distillation
+from prrfl.algorithms.losses import AUTHORS_PRIOR_EPSILON, balanced_softmax_loss
 from prrfl.algorithms.pfa import batchnorm_statistics_keys
 from prrfl.methods.fedavg import FedAvg
 from prrfl.methods.view import SiteView
@@ -44,25 +44,6 @@ class TwoHeadModel(nn.Module):
 
     def federated(self, embedding: torch.Tensor) -> torch.Tensor:
         return self.base.get_submodule(self.head_name)(embedding)
-
-
-AUTHORS_PRIOR_EPSILON = 1e-9  # the authors' code: log(prior + 1e-9)
-
-
-def balanced_softmax_loss(
-    logits: torch.Tensor, targets: torch.Tensor, class_counts: torch.Tensor, prior_epsilon: float | None = None
-) -> torch.Tensor:
-    """Balanced softmax (Ren et al. 2020): cross entropy of logits + log(prior), prior = the site's own
-    class frequencies. A class the site does not hold has prior 0, log -inf: it drops out of the
-    softmax. With `prior_epsilon` the shift is log(prior + epsilon), as the FCA authors' code with 1e-9:
-    a missing class keeps the tiny weight 1e-9 (log -20.7) in the softmax and its logit a gradient."""
-    counts = class_counts.to(logits.device, torch.float64)
-    prior = counts / counts.sum()
-    if prior_epsilon is None:
-        log_prior = torch.where(counts > 0, prior.log(), -torch.inf)
-    else:
-        log_prior = (prior + prior_epsilon).log()
-    return F.cross_entropy(logits + log_prior.to(logits.dtype), targets)
 
 
 def authors_consistency(federated_logits: torch.Tensor, personal_logits: torch.Tensor) -> torch.Tensor:

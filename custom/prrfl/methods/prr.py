@@ -281,18 +281,17 @@ class PRR(Method):
         present = mem["prototype_present"] & mem["global_present"]
         return cpa.prototype_gamma(mem["prototypes"], mem["global_prototypes"], tau=self.opt.tau, present=present)
 
-    def supervised_loss(self, site: SiteView, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The task's loss with CPA as its classification term; the task's own loss when both CPA
-        parts are off."""
+    def class_term(self, site: SiteView, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """CPA; the task's own term when both CPA parts are off."""
         if not self.opt.uses_cpa:
-            return self.task.loss(logits, targets)
+            return None
         mask = site.memory["mask"].to(targets.device, torch.float32)
         gamma = site.memory["gamma"].to(targets.device, torch.float32)
         term = cpa.cpa_loss(logits, targets, mask, gamma=gamma)
         mix = self.opt.cpa_ce_mix
         if mix:
             term = (1 - mix) * term + mix * F.cross_entropy(logits, targets)
-        return self.task.loss(logits, targets, class_term=term)
+        return term
 
     def losses(self, site, targets, outputs):
         losses = {role: self.supervised_loss(site, z, targets) for role, (z, _) in outputs.items()}

@@ -90,8 +90,8 @@ class FedeAMC(_PRRWithLoss):
         counts = global_class_counts(download, self.name) if self.counts == "global" else site.class_counts
         site.memory["class_weights"] = count_weights(counts, self.power)
 
-    def supervised_loss(self, site, logits, targets):
-        return self.task.loss(logits, targets, class_term=reweighted_cross_entropy(logits, targets, site.memory["class_weights"]))
+    def class_term(self, site, logits, targets):
+        return reweighted_cross_entropy(logits, targets, site.memory["class_weights"])
 
 
 class FedFocal(_PRRWithLoss):
@@ -111,5 +111,5 @@ class FedFocal(_PRRWithLoss):
         self.gamma = gamma
         self.alpha = None if alpha is None else torch.tensor(alpha, dtype=torch.float64)
 
-    def supervised_loss(self, site, logits, targets):
-        return self.task.loss(logits, targets, class_term=focal_loss(logits, targets, self.gamma, self.alpha))
+    def class_term(self, site, logits, targets):
+        return focal_loss(logits, targets, self.gamma, self.alpha)

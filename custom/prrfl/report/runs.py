@@ -24,12 +24,15 @@ LEGACY_TASK = "derm"  # results files written before they named their task hold 
 
 
 # ----- the runs under a folder, for `prrfl results` -------------------------------------------
-def variant_label(method: str, method_args: dict[str, Any]) -> str:
+def variant_label(method: str, method_args: dict[str, Any], class_loss: str = "method") -> str:
     """`prr` for the method with its defaults; `prr[cpa_global=false,det_enabled=false]` for a run that sets
-    options (e.g. a Table IV ablation), so that such runs are reported apart from the method's own."""
-    if not method_args:
+    options (e.g. a Table IV ablation), so that such runs are reported apart from the method's own; a run whose
+    classification term is not the method's own (config `class_loss`) names it the same way
+    (`fedavg[class_loss="balanced_softmax"]`)."""
+    options = {**method_args, **({"class_loss": class_loss} if class_loss != "method" else {})}
+    if not options:
         return method
-    return f"{method}[{','.join(f'{k}={json.dumps(v)}' for k, v in sorted(method_args.items()))}]"
+    return f"{method}[{','.join(f'{k}={json.dumps(v)}' for k, v in sorted(options.items()))}]"
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class SiteResult:
         if "site" not in data:
             return None
         keys = ("seed", "run_id", "site", "cohort", "rounds_completed", "best", "last", "ood", "history", "class_counts", "reported_model")
-        method = variant_label(data.get("method"), data.get("method_args") or {})
+        method = variant_label(data.get("method"), data.get("method_args") or {}, data.get("class_loss", "method"))
         found = {k: data.get(k) for k in keys}
         return cls(
             path=path,

@@ -365,6 +365,7 @@ class SiteRuntime:
             "task": self.cfg.task,
             "method": self.cfg.method,
             "method_args": self.cfg.method_args,  # the options set for this run (an ablation's switches)
+            "class_loss": self.cfg.class_loss,  # the classification term: the method's own, or balanced softmax for all
             "reported_model": self.method.eval_role,  # the model whose metrics are `best`, `last` and `history`'s valid/test
             # when it is scored: "download" (the global model, as received: `best`/`last` are download records, their
             # round the aggregate's) or "round" (after the local epochs)

@@ -111,6 +111,12 @@ class Task:
     def __init__(self, data_cfg: dict[str, Any]):
         self.data_cfg = dict(data_cfg)
 
+    @classmethod
+    def package(cls) -> str:
+        """The task's package (prrfl.tasks.<task>): its data readers, synthetic generator and preparation, and its
+        data command line (`python -m <package> ...`)."""
+        return cls.__module__.rpartition(".")[0]
+
     @property
     def primary_metric(self) -> str:
         return self.metric_names[0]
@@ -134,7 +140,7 @@ class Task:
         if not (root / MANIFEST_NAME).exists():
             raise FileNotFoundError(
                 f"data root {root} has no {MANIFEST_NAME}: prepare the raw data first "
-                f"(python -m prrfl.data.{self.name} prepare --raw <raw> --out <root>)"
+                f"(python -m {self.package()} prepare --raw <raw> --out <root>)"
             )
         return root
 
