@@ -179,3 +179,58 @@ def test_the_isic2019_task_leads_with_fcas_metrics_and_takes_its_data_options():
     assert task.cohort_of("site-5") == "MSK" and task.build_model()(torch.zeros(2, 3, 64, 64))[0].shape == (2, 8)
     with pytest.raises(ConfigError, match="isic2019 data option 'valid_fraction'"):
         build_task(RunConfig.from_dict({"task": "isic2019", "data": {"valid_fraction": 1.5}}))
+
+
+# ----- missing classes: a site that never sees a class ---------------------------------------------------------------
+def tiny_task_without_c():
+    """The tiny task where site B holds no image of class c in any split (as MSK lacks BCC ... SCC)."""
+    from conftest import TinyTask
+
+    from prrfl.tasks.base import Split
+
+    def drop_c(split: Split) -> Split:
+        keep = split.targets != 2
+        return Split(images=split.images[keep], targets=split.targets[keep])
+
+    class WithoutC(TinyTask):
+        def load_site(self, cohort, device, data_root=None):
+            data = super().load_site(cohort, device, data_root)
+            return data if cohort != "B" else self.site_data(cohort, drop_c(data.train), drop_c(data.valid), drop_c(data.test))
+
+    return WithoutC({})
+
+
+@pytest.mark.parametrize("method, overrides", [("prr", {}), ("fedproto", {}), ("fca", {}), ("fedavg", {"class_loss": "balanced_softmax"})])
+def test_a_site_without_a_class_trains_reports_it_zero_and_the_prototypes_and_priors_leave_it_out(tmp_path, method, overrides):
+    from conftest import make_runtime
+
+    from prrfl.keys import GLOBAL_PROTOTYPE_PRESENT, GLOBAL_PROTOTYPES, PROTOTYPE_PRESENT
+    from prrfl.messages import Download
+    from prrfl.site.trainer import run_round
+
+    task = tiny_task_without_c()
+    sites = [
+        make_runtime(task, tmp_path, site=s, method=method, local_epochs=1, eval_test_every_epoch=False, **overrides) for s in ("A", "B")
+    ]
+    assert sites[1].data.class_counts == [10, 10, 0]  # reported with its zero
+    counts = [20, 20, 10]
+    torch.manual_seed(0)
+    method_obj = sites[0].method
+    downloads = {s.name: Download(params=method_obj.build_model().state_dict(), round=0, global_class_counts=counts) for s in sites}
+    server: dict = {}
+    for round_idx in range(2):
+        uploads = [run_round(s, downloads[s.name], round_idx) for s in sites]
+        if method in ("prr", "fedproto"):  # B's prototype of c is not there, and says so
+            assert uploads[1].meta[PROTOTYPE_PRESENT] == [True, True, False] and uploads[0].meta[PROTOTYPE_PRESENT] == [True, True, True]
+        out = method_obj.aggregate(uploads, round_idx, server)
+        if method in ("prr", "fedproto"):  # the global prototype of c is A's alone, not dragged towards B's zero row
+            meta = out["B"].meta
+            assert meta[GLOBAL_PROTOTYPE_PRESENT] == [True, True, True]
+            assert meta[GLOBAL_PROTOTYPES][2] == pytest.approx(uploads[0].meta["prototypes"][2], abs=1e-6)
+        downloads = {k: Download(params=d.params, meta=d.meta, round=round_idx + 1, global_class_counts=counts) for k, d in out.items()}
+    for s in sites:
+        losses = [v for tag, v, _ in s.scalars if tag.startswith("loss/")]
+        assert losses and all(math.isfinite(v) for v in losses)
+    best_b = sites[1].best["test"]
+    assert math.isnan(best_b["recall_c"]) and not math.isnan(best_b["recall_a"])  # the per-class table shows it absent
+    assert math.isfinite(best_b["bacc"]) and math.isfinite(best_b["auc"])  # bACC and AUC over the classes B holds
