@@ -330,7 +330,7 @@ def _add_evaluate(sub, common: argparse.ArgumentParser) -> None:
     """`prrfl evaluate`."""
     evaluate = sub.add_parser("evaluate", parents=[common], help="metrics of a saved best model (with its model card) on a prepared split")
     evaluate.add_argument("--model", required=True, help="a best_<role>.pt, its model card best_<role>.json beside it")
-    evaluate.add_argument("--data-root", required=True, help="prepared data of the model's task (python -m prrfl.data.<task> prepare)")
+    evaluate.add_argument("--data-root", required=True, help="prepared data of the model's task (python -m prrfl.tasks.<task> prepare)")
     evaluate.add_argument("--cohort", help="the cohort to score (default: the model's own)")
     evaluate.add_argument("--split", default="test", choices=["train", "valid", "test"])
     evaluate.add_argument("--device", default="cpu")

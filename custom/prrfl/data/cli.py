@@ -1,4 +1,4 @@
-"""The frame of the data command lines (`python -m prrfl.data.<set> <command> ...`).
+"""The frame of the data command lines (`python -m prrfl.tasks.<task> <command> ...`).
 
 Each data package's `__main__` adds its subcommands to `command_parser` and hands its handler to
 `run_main`: an expected error is one line on stderr and exit status 2 (prrfl.errors, as for the

@@ -4,8 +4,8 @@ A centre's CentreProfile is the dermoscopy task's SiteProfile (prrfl.tasks.derm.
 cast, gamma, contrast, illumination gradient, vignetting, black field stop, blur, sensor noise, lesion zoom, hair,
 JPEG quality, skin tones) plus what ISIC 2019's sources add: a range of field-stop radii, the rates of ruler marks
 and of surgical-marker ink, and the sun damage (solar lentigines) of the centre's population. The four HAM10000
-centres keep the dermoscopy task's profiles of the same cohorts (so both tasks see ViDIR, Rosendahl, MSK and the
-scanned Vienna slides alike) with their ISIC 2019 artefacts added; Barcelona (BCN) is new:
+centres and MSK keep the dermoscopy task's profiles of the same cohorts (so both tasks see ViDIR, Rosendahl, MSK
+and the scanned Vienna slides alike) with their ISIC 2019 artefacts added; Barcelona (BCN) is new:
 
 - BCN: modern polarised dermoscopy, square crops of a circular field: the black field stop shows as dark corners
   or a full circle; neutral-cool white balance, high contrast, sharp, clean; rulers and ink rarely.
@@ -17,7 +17,7 @@ scanned Vienna slides alike) with their ISIC 2019 artefacts added; Barcelona (BC
 
 Rulers and ink are drawn from a random stream of their own at a rate that depends on the centre only, never on
 the lesion's class. `centre_profile(centre, shift)` scales every acquisition setting's departure from the six
-centres' average by `shift` (0: one common device, 1: the profiles below); the population (skin tones, hair,
+centres' average by `shift` (0: one common device, 1: the profiles as written); the population (skin tones, hair,
 lentigines) is not an acquisition setting and stays the centre's own.
 """
 
@@ -45,8 +45,23 @@ class CentreProfile:
 
 CENTRE_PROFILES: dict[str, CentreProfile] = {
     "BCN": CentreProfile(
-        SiteProfile((0.96, 1.0, 1.07), (-0.01, 0.0, 0.02), 0.95, 1.18, 0.04, 0.08, 0.8, 0.8, 0.35, 0.008, 1.1, 0.7, 95, (0.05, 0.55)),
-        ring=(0.66, 0.84),
+        SiteProfile(
+            gains=(0.96, 1.0, 1.07),  # neutral-cool
+            cast=(-0.01, 0.0, 0.02),
+            gamma=0.95,
+            contrast=1.18,
+            illumination=0.04,
+            vignette=0.08,
+            ring_p=0.8,
+            ring_radius=0.8,  # drawn per image from `ring`
+            blur=0.35,
+            noise=0.008,
+            zoom=1.1,
+            hair=0.7,
+            jpeg_quality=95,
+            skin=(0.05, 0.55),
+        ),
+        ring=(0.66, 0.84),  # on a square frame: a full circle (below 0.71) or dark corners
         ruler=0.04,
         ink=0.03,
         lentigines=0.5,
@@ -131,7 +146,9 @@ def draw_ruler(img: np.ndarray, rng: np.random.Generator) -> None:
     length = np.where(k % 10 == 0, 0.055, np.where(k % 5 == 0, 0.04, 0.022)) * h
     y = base + tilt * (x - w / 2)
     if sticker:
-        db.polygon([(0, y[0] - base - 2), (w, y[-1] - base - 2), (w, y[-1] + 0.075 * h), (0, y[0] + 0.075 * h)], fill=int(rng.uniform(170, 230)))
+        db.polygon(
+            [(0, y[0] - base - 2), (w, y[-1] - base - 2), (w, y[-1] + 0.075 * h), (0, y[0] + 0.075 * h)], fill=int(rng.uniform(170, 230))
+        )
     dt.line([(0, base + tilt * (-w / 2)), (w, base + tilt * (w / 2))], fill=230, width=1)
     for xi, yi, li in zip(x, y, length):
         dt.line([(xi, yi), (xi - tilt * li, yi + li)], fill=230, width=1)

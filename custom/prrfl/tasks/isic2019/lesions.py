@@ -37,10 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prrfl.tasks.derm.lesions import ANGLE_BINS, LesionSpec, _blobs, _border, _edge, _warp, mix_colours, sample_lesion
+from prrfl.tasks.derm.lesions import LesionSpec, _blobs, _border, _edge, _warp, mix_colours, sample_lesion
 
 C = {  # reference colours of the structures drawn here (about sRGB, before the centre's acquisition)
-    "pearly": (0.90, 0.70, 0.68),
     "erythema": (0.86, 0.47, 0.45),
     "vessel": (0.76, 0.08, 0.14),
     "blood": (0.40, 0.04, 0.07),
@@ -152,7 +151,9 @@ def _discs(points: np.ndarray, ru: np.ndarray, rv: np.ndarray, angle: np.ndarray
     return np.column_stack([points, ru, rv, angle, colours]).astype(np.float32)
 
 
-def _round_discs(rng: np.random.Generator, points: np.ndarray, radius: tuple[float, float], colour: np.ndarray, jitter: float) -> np.ndarray:
+def _round_discs(
+    rng: np.random.Generator, points: np.ndarray, radius: tuple[float, float], colour: np.ndarray, jitter: float
+) -> np.ndarray:
     """Roughly round discs of one colour (each jittered by `jitter`) at `points`."""
     n = len(points)
     r = rng.uniform(*radius, n)
@@ -162,6 +163,7 @@ def _round_discs(rng: np.random.Generator, points: np.ndarray, radius: tuple[flo
 
 def _patch(
     rng: np.random.Generator,
+    *,
     centre: tuple[float, float],
     radius: float,
     irregular: float,
@@ -175,7 +177,13 @@ def _patch(
 ) -> Patch:
     """An irregular patch whose outline has harmonics of relative amplitude `irregular`; `grain` flakes across."""
     noise = rng.standard_normal((grain, grain)).astype(np.float32)
-    return Patch(centre[0], centre[1], radius, _border(rng, irregular, 8, 1.0), edge, colour, opacity, texture, noise, inner, coverage)
+    border = _border(rng, irregular, 8, 1.0)
+    return Patch(centre[0], centre[1], radius, border, edge, colour, opacity, texture, noise, inner, coverage)
+
+
+def _jitter(rng: np.random.Generator, sd: float) -> tuple[float, float]:
+    u, v = rng.normal(0, sd, 2)
+    return float(u), float(v)
 
 
 def _tree(rng: np.random.Generator, segments: list, u: float, v: float, angle: float, length: float, width: float, depth: int) -> None:
@@ -201,14 +209,39 @@ def arborizing_vessels(rng: np.random.Generator, trees: int, opacity: float) -> 
     for _ in range(trees):
         phi = rng.uniform(0, 2 * math.pi)
         r0 = rng.uniform(0.55, 0.85)
-        _tree(rng, segments, r0 * math.cos(phi), r0 * math.sin(phi), phi + math.pi + rng.normal(0, 0.45), rng.uniform(0.35, 0.6), rng.uniform(0.02, 0.034), 3)
+        heading = phi + math.pi + rng.normal(0, 0.45)  # inwards
+        _tree(rng, segments, r0 * math.cos(phi), r0 * math.sin(phi), heading, rng.uniform(0.35, 0.6), rng.uniform(0.02, 0.034), 3)
     seg = np.array(segments, np.float32).reshape(-1, 5)
     return Lines(seg, COLOURS["vessel"] * rng.uniform(0.9, 1.1), opacity)
 
 
+def blue_grey_nests(rng: np.random.Generator, pigmented: bool) -> Discs:
+    """BCC's blue-grey ovoid nests and dots: a few (many when pigmented) scattered over the lesion."""
+    n = int(rng.integers(3, 9)) if pigmented else int(rng.poisson(1.2))
+    ru = rng.uniform(0.06, 0.15, n)
+    colours = np.clip(COLOURS["nest"][None, :] * rng.uniform(0.8, 1.15, (n, 1)), 0, 1)
+    nests = _discs(_scatter(rng, n, (0.1, 0.8)), ru, ru * rng.uniform(0.45, 0.8, n), rng.uniform(0, math.pi, n), colours)
+    n_dots = int(rng.integers(4, 14)) if pigmented else int(rng.poisson(2))
+    dots = _round_discs(rng, _scatter(rng, n_dots, (0.0, 0.85)), (0.02, 0.035), COLOURS["nest"], 0.15)
+    return Discs(np.concatenate([nests, dots]), rng.uniform(0.6, 0.9), 0.02)
+
+
+def crust(rng: np.random.Generator, sd: float, radius: tuple[float, float]) -> Patch:
+    """A dark red-brown crust (ulceration, dried blood) near the centre."""
+    return _patch(
+        rng,
+        centre=_jitter(rng, sd),
+        radius=rng.uniform(*radius),
+        irregular=0.28,
+        edge=0.035,
+        colour=_colour("crust", 0.12, rng),
+        opacity=rng.uniform(0.8, 0.95),
+        texture=0.15,
+    )
+
+
 def _bcc(rng: np.random.Generator) -> IsicLesion:
     pigmented = rng.random() < 0.3
-    base = mix_colours("pink", "white", rng.uniform(0.15, 0.5)) * rng.uniform(0.95, 1.05)
     spec = _base(
         "bcc",
         rng,
@@ -216,25 +249,25 @@ def _bcc(rng: np.random.Generator) -> IsicLesion:
         aspect=1 + abs(rng.normal(0, 0.18)),
         border=_border(rng, rng.uniform(0.05, 0.12), 8, 1.0),
         edge=_edge(rng, rng.uniform(0.06, 0.14), 0.4),
-        base=base,
-        centre_shade=rng.uniform(-0.15, 0.0),  # pearly: lighter centre
+        base=mix_colours("pink", "white", rng.uniform(0.15, 0.5)) * rng.uniform(0.95, 1.05),  # pearly pink
+        centre_shade=rng.uniform(-0.15, 0.0),  # lighter centre
         blobs=_blobs(rng, int(rng.integers(1, 4)), ["white", "pink", "red"], [0.5, 0.3, 0.2], 0.6, (0.2, 0.4), (0.2, 0.5)),
-        opacity=rng.uniform(0.5, 0.78),
+        opacity=rng.uniform(0.5, 0.78),  # translucent
     )
-    structures: list = []
-    if rng.random() < 0.35:  # central ulceration
-        crust = _colour("crust", 0.12, rng)
-        structures.append(_patch(rng, tuple(rng.normal(0, 0.12, 2)), rng.uniform(0.15, 0.32), 0.25, 0.04, crust, rng.uniform(0.8, 0.95), 0.2))
-    n_nests = int(rng.integers(3, 9)) if pigmented else int(rng.poisson(1.2))
-    nests = _scatter(rng, n_nests, (0.1, 0.8))
-    ru = rng.uniform(0.06, 0.15, n_nests)
-    colours = np.clip(COLOURS["nest"][None, :] * rng.uniform(0.8, 1.15, (n_nests, 1)), 0, 1)
-    blue = [_discs(nests, ru, ru * rng.uniform(0.45, 0.8, n_nests), rng.uniform(0, math.pi, n_nests), colours)]
-    n_dots = int(rng.integers(4, 14)) if pigmented else int(rng.poisson(2))
-    blue.append(_round_discs(rng, _scatter(rng, n_dots, (0.0, 0.85)), (0.02, 0.035), COLOURS["nest"], 0.15))
-    structures.append(Discs(np.concatenate(blue), rng.uniform(0.6, 0.9), 0.02))
-    structures.append(arborizing_vessels(rng, int(rng.integers(2, 5)), rng.uniform(0.8, 1.0)))
-    return IsicLesion(spec, tuple(structures))
+    ulcer = (crust(rng, 0.12, (0.15, 0.32)),) if rng.random() < 0.35 else ()
+    vessels = arborizing_vessels(rng, int(rng.integers(2, 5)), rng.uniform(0.8, 1.0))
+    return IsicLesion(spec, (*ulcer, blue_grey_nests(rng, pigmented), vessels))
+
+
+def strawberry(rng: np.random.Generator) -> tuple[Discs, Discs]:
+    """AK's follicular openings on a regular grid: pale halos, then white-yellow keratin plugs; the erythema left
+    between them is the red pseudonetwork."""
+    spacing = rng.uniform(0.15, 0.22)
+    pts = _packed(rng, spacing, 0.85, 0.18)
+    follicle = spacing * rng.uniform(0.12, 0.18)
+    halos = _round_discs(rng, pts, (1.9 * follicle, 2.4 * follicle), COLOURS["halo"], 0.04)
+    plugs = _round_discs(rng, pts, (0.7 * follicle, 1.1 * follicle), COLOURS["follicle"], 0.05)
+    return Discs(halos, rng.uniform(0.25, 0.45), 0.03), Discs(plugs, rng.uniform(0.6, 0.85), 0.015)
 
 
 def _ak(rng: np.random.Generator) -> IsicLesion:
@@ -253,24 +286,19 @@ def _ak(rng: np.random.Generator) -> IsicLesion:
         blobs=_blobs(rng, int(rng.integers(2, 5)), blob_names, blob_p, 0.7, (0.2, 0.4), (0.3, 0.6)),
         opacity=rng.uniform(0.45, 0.7),
     )
-    spacing = rng.uniform(0.15, 0.22)
-    pts = _packed(rng, spacing, 0.85, 0.18)
-    follicle = spacing * rng.uniform(0.12, 0.18)
-    halos = _round_discs(rng, pts, (1.9 * follicle, 2.4 * follicle), COLOURS["halo"], 0.04)
-    plugs = _round_discs(rng, pts, (0.7 * follicle, 1.1 * follicle), COLOURS["follicle"], 0.05)
     scale = _patch(
         rng,
-        tuple(rng.normal(0, 0.25, 2)),
-        rng.uniform(0.35, 0.8),
-        0.2,
-        0.1,
-        _colour("scale", 0.03, rng),
-        rng.uniform(0.55, 0.85),
-        1.0,
+        centre=_jitter(rng, 0.25),
+        radius=rng.uniform(0.35, 0.8),
+        irregular=0.2,
+        edge=0.1,
+        colour=_colour("scale", 0.03, rng),
+        opacity=rng.uniform(0.55, 0.85),
+        texture=1.0,
         grain=14,
         coverage=rng.uniform(0.3, 0.6),
     )
-    return IsicLesion(spec, (Discs(halos, rng.uniform(0.25, 0.45), 0.03), Discs(plugs, rng.uniform(0.6, 0.85), 0.015), scale))
+    return IsicLesion(spec, (*strawberry(rng), scale))
 
 
 def _df(rng: np.random.Generator) -> IsicLesion:
@@ -285,24 +313,41 @@ def _df(rng: np.random.Generator) -> IsicLesion:
         centre_shade=rng.uniform(-0.25, -0.05),
         blobs=_blobs(rng, int(rng.integers(0, 3)), ["light_brown", "tan", "pink"], [0.4, 0.3, 0.3], 0.5, (0.2, 0.4), (0.2, 0.45)),
         opacity=rng.uniform(0.6, 0.85),
-        network=rng.uniform(0.3, 0.5),
+        network=rng.uniform(0.3, 0.5),  # delicate: fine and thin; seen at the periphery only, around the scar
         net_freq=rng.uniform(11, 16),
         net_thick=rng.uniform(0.22, 0.32),
         warp=_warp(rng, rng.uniform(0.08, 0.14)),
         broken=0.25,
     )
-    scar_visible = rng.random() < 0.9
     scar = _patch(
         rng,
-        tuple(rng.normal(0, 0.07, 2)),
-        rng.uniform(0.32, 0.55),
-        0.18,
-        rng.uniform(0.08, 0.16),
-        _colour("scar", 0.02, rng),
-        rng.uniform(0.75, 0.95) if scar_visible else rng.uniform(0.2, 0.35),
-        rng.uniform(0.1, 0.3),
+        centre=_jitter(rng, 0.07),
+        radius=rng.uniform(0.32, 0.55),
+        irregular=0.18,
+        edge=rng.uniform(0.08, 0.16),
+        colour=_colour("scar", 0.02, rng),
+        opacity=rng.uniform(0.75, 0.95) if rng.random() < 0.9 else rng.uniform(0.2, 0.35),  # 10%: a faint scar
+        texture=rng.uniform(0.1, 0.3),
     )
     return IsicLesion(spec, (scar,))
+
+
+def lacunae(rng: np.random.Generator) -> Discs:
+    """VASC's lagoons: round, packed on a jittered grid, of one hue per lesion (red, red-purple or dark blue) with
+    some spread; the lesion's pale base shows between them as septa."""
+    spacing = rng.uniform(0.2, 0.36)
+    pts = _packed(rng, spacing, 0.92 - 0.4 * spacing, 0.12)
+    n = len(pts)
+    t = np.clip(rng.uniform(0, 1) + rng.normal(0, 0.15, n), 0, 1)[:, None]  # 0 red, 0.5 red-purple, 1 dark blue
+    colours = np.where(
+        t < 0.5,
+        (1 - 2 * t) * COLOURS["lacuna_red"] + 2 * t * COLOURS["lacuna_purple"],
+        (2 - 2 * t) * COLOURS["lacuna_purple"] + (2 * t - 1) * COLOURS["lacuna_blue"],
+    ) * rng.uniform(0.85, 1.1, (n, 1))
+    r = 0.5 * spacing * rng.uniform(0.65, 0.95, n)
+    return Discs(
+        _discs(pts, r, r * rng.uniform(0.8, 1.0, n), rng.uniform(0, math.pi, n), np.clip(colours, 0, 1)), rng.uniform(0.85, 1.0), 0.02
+    )
 
 
 def _vasc(rng: np.random.Generator) -> IsicLesion:
@@ -318,19 +363,18 @@ def _vasc(rng: np.random.Generator) -> IsicLesion:
         blobs=np.zeros((0, 7), np.float32),
         opacity=rng.uniform(0.9, 1.0),
     )
-    spacing = rng.uniform(0.2, 0.36)
-    pts = _packed(rng, spacing, 0.92 - 0.4 * spacing, 0.12)
-    n = len(pts)
-    t = rng.uniform(0, 1)  # the lesion's hue: 0 red, 0.5 red-purple, 1 dark blue
-    tt = np.clip(t + rng.normal(0, 0.15, n), 0, 1)[:, None]
-    colours = np.where(
-        tt < 0.5,
-        (1 - 2 * tt) * COLOURS["lacuna_red"] + 2 * tt * COLOURS["lacuna_purple"],
-        (2 - 2 * tt) * COLOURS["lacuna_purple"] + (2 * tt - 1) * COLOURS["lacuna_blue"],
-    ) * rng.uniform(0.85, 1.1, (n, 1))
-    r = 0.5 * spacing * rng.uniform(0.65, 0.95, n)
-    lacunae = _discs(pts, r, r * rng.uniform(0.8, 1.0, n), rng.uniform(0, math.pi, n), np.clip(colours, 0, 1))
-    return IsicLesion(spec, (Discs(lacunae, rng.uniform(0.85, 1.0), 0.02),))
+    return IsicLesion(spec, (lacunae(rng),))
+
+
+def glomerular_vessels(rng: np.random.Generator) -> Discs:
+    """SCC's vessels and bleeding around the keratin: coiled clusters of 2-4 red dots (glomerular), single red dots
+    (dotted) and a few larger dark red blood spots."""
+    clusters = _scatter(rng, int(rng.integers(8, 20)), (0.5, 0.88))
+    loops = np.concatenate([c + rng.normal(0, 0.025, (int(rng.integers(2, 5)), 2)) for c in clusters])
+    dotted = _scatter(rng, int(rng.integers(3, 12)), (0.45, 0.9))
+    vessels = _round_discs(rng, np.concatenate([loops, dotted]), (0.014, 0.026), COLOURS["vessel"], 0.1)
+    blood = _round_discs(rng, _scatter(rng, int(rng.integers(1, 6)), (0.3, 0.8)), (0.03, 0.06), COLOURS["blood"], 0.15)
+    return Discs(np.concatenate([vessels, blood]), rng.uniform(0.8, 0.95), 0.008)
 
 
 def _scc(rng: np.random.Generator) -> IsicLesion:
@@ -346,32 +390,32 @@ def _scc(rng: np.random.Generator) -> IsicLesion:
         blobs=_blobs(rng, int(rng.integers(1, 4)), ["red", "pink"], [0.6, 0.4], 0.7, (0.15, 0.35), (0.3, 0.6)),
         opacity=rng.uniform(0.75, 0.95),
     )
-    w = rng.uniform(0, 0.7)  # white to yellow keratin
-    keratin = (1 - w) * COLOURS["keratin"] + w * COLOURS["keratin_yellow"]
-    little = rng.random() < 0.12
-    structures: list = [
-        _patch(
-            rng,
-            tuple(rng.normal(0, 0.08, 2)),
-            rng.uniform(0.2, 0.3) if little else rng.uniform(0.35, 0.6),
-            0.22,
-            rng.uniform(0.05, 0.1),
-            keratin,
-            rng.uniform(0.85, 1.0),
-            rng.uniform(0.05, 0.25),
-        )
-    ]
-    if rng.random() < 0.3:  # blood crust within the keratin
-        structures.append(_patch(rng, tuple(rng.normal(0, 0.1, 2)), rng.uniform(0.07, 0.15), 0.3, 0.03, _colour("crust", 0.12, rng), 0.9, 0.1))
-    scale = _colour("scale", 0.03, rng)
-    structures.append(_patch(rng, (0.0, 0.0), rng.uniform(1.0, 1.08), 0.1, 0.06, scale, rng.uniform(0.5, 0.8), 1.0, 22, 0.78, rng.uniform(0.25, 0.5)))
-    clusters = _scatter(rng, int(rng.integers(8, 20)), (0.5, 0.88))  # glomerular vessels: coiled clusters of dots
-    loops = np.concatenate([c + rng.normal(0, 0.025, (int(rng.integers(2, 5)), 2)) for c in clusters])
-    dotted = _scatter(rng, int(rng.integers(3, 12)), (0.45, 0.9))
-    vessels = _round_discs(rng, np.concatenate([loops, dotted]), (0.014, 0.026), COLOURS["vessel"], 0.1)
-    blood = _round_discs(rng, _scatter(rng, int(rng.integers(1, 6)), (0.3, 0.8)), (0.03, 0.06), COLOURS["blood"], 0.15)
-    structures.append(Discs(np.concatenate([vessels, blood]), rng.uniform(0.8, 0.95), 0.008))
-    return IsicLesion(spec, tuple(structures))
+    w = rng.uniform(0, 0.7)  # white to yellow
+    keratin = _patch(
+        rng,
+        centre=_jitter(rng, 0.08),
+        radius=rng.uniform(0.2, 0.3) if rng.random() < 0.12 else rng.uniform(0.35, 0.6),  # 12%: little keratin
+        irregular=0.22,
+        edge=rng.uniform(0.05, 0.1),
+        colour=(1 - w) * COLOURS["keratin"] + w * COLOURS["keratin_yellow"],
+        opacity=rng.uniform(0.85, 1.0),
+        texture=rng.uniform(0.05, 0.25),
+    )
+    blood_crust = (crust(rng, 0.1, (0.07, 0.15)),) if rng.random() < 0.3 else ()
+    scale = _patch(
+        rng,
+        centre=(0.0, 0.0),
+        radius=rng.uniform(1.0, 1.08),
+        irregular=0.1,
+        edge=0.06,
+        colour=_colour("scale", 0.03, rng),
+        opacity=rng.uniform(0.5, 0.8),
+        texture=1.0,
+        grain=22,
+        inner=0.78,  # a rim of flakes at the border
+        coverage=rng.uniform(0.25, 0.5),
+    )
+    return IsicLesion(spec, (keratin, *blood_crust, scale, glomerular_vessels(rng)))
 
 
 _SAMPLERS = {"BCC": _bcc, "AK": _ak, "DF": _df, "VASC": _vasc, "SCC": _scc}
@@ -384,4 +428,3 @@ def sample_isic_lesion(kind: str, rng: np.random.Generator) -> IsicLesion:
     if kind not in _SAMPLERS:
         raise ValueError(f"unknown Fed-ISIC2019 lesion class {kind!r}; expected one of {list(KINDS)}")
     return _SAMPLERS[kind](rng)
-

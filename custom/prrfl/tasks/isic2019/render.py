@@ -15,7 +15,7 @@ centre, so one seed shows the same lesion, at the same place relative to the ima
 artefact stream does not depend on the class, so a ruler's presence says nothing about the diagnosis.
 
 Lines and discs are drawn by PIL on a supersampled layer covering only their bounding box, patches evaluated per
-pixel in lesion coordinates over their bounding box, so that an image costs a few milliseconds.
+pixel in lesion coordinates over their bounding box: an image costs about 10 ms of one CPU core at 224 px.
 """
 
 from __future__ import annotations
@@ -176,19 +176,22 @@ def draw_isic_lesion(img: np.ndarray, lesion: IsicLesion, view: View) -> None:
 
 
 def draw_lentigines(img: np.ndarray, rng: np.random.Generator, mean: float) -> None:
-    """Solar lentigines (sun damage): faint, soft light-brown macules scattered over the skin, in place."""
-    n = int(rng.poisson(mean))
-    if n == 0:
-        return
+    """Solar lentigines (sun damage): faint, soft light-brown macules scattered over the skin, in place (each drawn
+    on a small layer around itself)."""
     height, width = img.shape[1:]
-    layer = Image.new("L", (width, height), 0)
-    draw = ImageDraw.Draw(layer)
-    for _ in range(n):
+    soft = 2.5 * height / 224
+    for _ in range(int(rng.poisson(mean))):
         x, y = rng.uniform(0, width), rng.uniform(0, height)
         rx, ry = rng.uniform(3, 12, 2) * height / 224
-        draw.ellipse((x - rx, y - ry, x + rx, y + ry), fill=int(rng.uniform(35, 80)))
-    alpha = np.asarray(layer.filter(ImageFilter.GaussianBlur(2.5 * height / 224)), np.float32) * (1 / 255)
-    paint(img, alpha, np.array([0.58, 0.40, 0.27]))
+        fill = int(rng.uniform(35, 80))
+        box = _box(np.array([x - rx, x + rx]), np.array([y - ry, y + ry]), 3 * soft, width, height)
+        if box is None:
+            continue
+        x0, y0, x1, y1 = box
+        layer = Image.new("L", (x1 - x0, y1 - y0), 0)
+        ImageDraw.Draw(layer).ellipse((x - rx - x0, y - ry - y0, x + rx - x0, y + ry - y0), fill=fill)
+        alpha = np.asarray(layer.filter(ImageFilter.GaussianBlur(soft)), np.float32) * (1 / 255)
+        paint(img, alpha, np.array([0.58, 0.40, 0.27]), x0, y0)
 
 
 def _view(spec: LesionSpec, rng: np.random.Generator, width: int, height: int, zoom: float) -> View:
@@ -209,9 +212,8 @@ def _check(label: int, centre: str, seed: int) -> str:
     return CLASSES[label]
 
 
-def render_image(label: int, centre: str, seed: int, shift: float = 1.0) -> Image.Image:
-    """RGB image of class CLASSES[label] at `centre`, at RAW_SIZES[centre], deterministic in (label, centre, seed,
-    shift); `shift` scales how much the centres' acquisitions differ (0: all centres alike, 1: as designed)."""
+def render_scene(label: int, centre: str, seed: int, shift: float = 1.0) -> tuple[np.ndarray, IsicLesion, View]:
+    """The scene render_image photographs: float RGB planes (3, H, W) in about [0, 1], the lesion and its view."""
     kind = _check(label, centre, seed)
     profile = centre_profile(centre, float(shift))
     width, height = RAW_SIZES[centre]
@@ -226,10 +228,22 @@ def render_image(label: int, centre: str, seed: int, shift: float = 1.0) -> Imag
     draw_isic_lesion(img, lesion, view)
     img *= 1 + fine[y0 : y0 + height, x0 : x0 + width]
     draw_hair(img, art, int(art.poisson(profile.site.hair * art.gamma(2.0, 0.5))))
-    ruler, ink = art.random() < profile.ruler, art.random() < profile.ink
+    ruler, ink = art.random() < profile.ruler, art.random() < profile.ink  # drawn whatever the class
     if ruler:
         draw_ruler(img, art)
     if ink:
         draw_ink(img, art, view.cx, view.cy, view.radius_px)
+    return img, lesion, view
+
+
+def render_with_lesion(label: int, centre: str, seed: int, shift: float = 1.0) -> tuple[Image.Image, IsicLesion, View]:
+    """render_image's picture with the lesion it shows and where (its View: centre and mean radius in pixels)."""
+    img, lesion, view = render_scene(label, centre, seed, shift)
     acq = _rng(seed, "acquisition")
-    return acquire(img, acq, image_site(profile, acq))
+    return acquire(img, acq, image_site(centre_profile(centre, float(shift)), acq)), lesion, view
+
+
+def render_image(label: int, centre: str, seed: int, shift: float = 1.0) -> Image.Image:
+    """RGB image of class CLASSES[label] at `centre`, at RAW_SIZES[centre], deterministic in (label, centre, seed,
+    shift); `shift` scales how much the centres' acquisitions differ (0: all centres alike, 1: as designed)."""
+    return render_with_lesion(label, centre, seed, shift)[0]
