@@ -234,3 +234,16 @@ def test_a_site_without_a_class_trains_reports_it_zero_and_the_prototypes_and_pr
     best_b = sites[1].best["test"]
     assert math.isnan(best_b["recall_c"]) and not math.isnan(best_b["recall_a"])  # the per-class table shows it absent
     assert math.isfinite(best_b["bacc"]) and math.isfinite(best_b["auc"])  # bACC and AUC over the classes B holds
+
+
+def test_a_prepared_flamby_tree_is_a_site_of_the_task_with_its_missing_classes_counted_zero(tmp_path):
+    write_tree(tmp_path / "raw")
+    prepare_isic2019(tmp_path / "raw", tmp_path / "out", size=16, centres=["BCN", "MSK"])
+    task = build_task(RunConfig.from_dict({"task": "isic2019", "data": {"image_size": 16}}))
+    msk = task.load_site(task.cohort_of("site-5"), torch.device("cpu"), str(tmp_path / "out"))
+    assert msk.cohort == "MSK" and msk.class_counts == [0, 2, 0, 0, 2, 0, 0, 0] and len(msk.test) == 1
+    assert task.stats_problem(msk.num_train, msk.class_counts) is None  # the server accepts the zeros
+    with pytest.raises(ValueError, match=r"out/MSK/train.npz holds 16 px images but the job asks for image_size=32"):
+        build_task(RunConfig.from_dict({"task": "isic2019", "data": {"image_size": 32}})).load_site(
+            "MSK", torch.device("cpu"), str(tmp_path / "out")
+        )
