@@ -12,16 +12,14 @@ import csv
 import io
 import json
 import logging
-import multiprocessing as mp
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from threadpoolctl import threadpool_limits
 
-from prrfl.data.build import build_dir
+from prrfl.data.build import build_dir, map_in_workers
 from prrfl.data.shift import check_shift
 
 from .acquisition import SITE_PROFILES, acquire, shifted
@@ -95,23 +93,6 @@ def _write_tables(root: Path, items: Sequence[SynthImage], layout: RawLayout) ->
         (base / layout.msk_ids).write_text("".join(f"{i.image_id}\n" for i in isic if i.msk))
 
 
-def _single_thread_blas() -> None:
-    """The renderer's small matrix products are slower with BLAS threads waking up (2x measured)."""
-    threadpool_limits(1, user_api="blas")
-
-
-def _render_all(tasks: list[tuple[SynthImage, int, int, str, float]], workers: int) -> None:
-    if workers <= 1 or len(tasks) < 100 * workers:  # below this, starting the pool costs more than it saves
-        with threadpool_limits(1, user_api="blas"):
-            for t in tasks:
-                _write_one(t)
-        return
-    # spawn: safe when the caller has threads (FLARE site processes); the workers import no torch.
-    with mp.get_context("spawn").Pool(workers, initializer=_single_thread_blas) as pool:
-        for _ in pool.imap_unordered(_write_one, tasks, chunksize=max(1, min(32, len(tasks) // (8 * workers)))):
-            pass
-
-
 def generate_synthetic(
     out: str | Path,
     *,
@@ -156,7 +137,7 @@ def generate_synthetic(
         (tmp / layout.ham_images).mkdir()
         (tmp / layout.isic_dir / layout.isic_images).mkdir(parents=True)
         _write_tables(tmp, items, layout)
-        _render_all([(i, width, height, str(_image_path(tmp, i, layout)), shift) for i in items], workers)
+        map_in_workers(_write_one, [(i, width, height, str(_image_path(tmp, i, layout)), shift) for i in items], workers)
         info = {
             "generator": "prrfl.tasks.derm.synthetic",
             "version": GENERATOR_VERSION,

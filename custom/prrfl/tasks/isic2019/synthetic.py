@@ -18,14 +18,12 @@ import csv
 import io
 import json
 import logging
-import multiprocessing as mp
 import time
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
-from prrfl.data.build import build_dir
+from prrfl.data.build import build_dir, map_in_workers
 from prrfl.data.shift import check_shift
 
 from .layout import CENTRES, CLASS_NAMES, COUNTS, CSV_COLUMNS, FOLDS, IMAGES_DIR, SPLIT_CSV, SYNTHETIC_MARKER, UNKNOWN_CLASS
@@ -81,21 +79,6 @@ def _write_one(task: tuple[dict, str, float]) -> None:
     render_image(row["label"], row["centre"], row["seed"], shift).save(path, "JPEG", quality=JPEG_QUALITY[row["centre"]])
 
 
-def _single_thread_blas() -> None:
-    threadpool_limits(1, user_api="blas")
-
-
-def _render_all(tasks: list[tuple[dict, str, float]], workers: int) -> None:
-    if workers <= 1 or len(tasks) < 100 * workers:  # below this, starting the pool costs more than it saves
-        with threadpool_limits(1, user_api="blas"):
-            for t in tasks:
-                _write_one(t)
-        return
-    with mp.get_context("spawn").Pool(workers, initializer=_single_thread_blas) as pool:  # spawn: safe beside threads
-        for _ in pool.imap_unordered(_write_one, tasks, chunksize=max(1, min(32, len(tasks) // (8 * workers)))):
-            pass
-
-
 def generate_synthetic_isic2019(
     out: str | Path, *, scale: float = 1.0, seed: int = 0, shift: float = 1.0, workers: int = 1, overwrite: bool = False
 ) -> dict:
@@ -109,7 +92,7 @@ def generate_synthetic_isic2019(
     def write(tmp: Path) -> dict:
         (tmp / IMAGES_DIR).mkdir()
         (tmp / SPLIT_CSV).write_text(_csv_text(rows))
-        _render_all([(r, str(tmp / IMAGES_DIR / f"{r['image']}.jpg"), shift) for r in rows], workers)
+        map_in_workers(_write_one, [(r, str(tmp / IMAGES_DIR / f"{r['image']}.jpg"), shift) for r in rows], workers)
         info = {
             "generator": "prrfl.tasks.isic2019.synthetic",
             "version": GENERATOR_VERSION,
