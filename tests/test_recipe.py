@@ -244,6 +244,28 @@ def test_a_poc_listens_on_free_ports_of_its_own_never_on_flares_fixed_ones(tmp_p
     assert len(ports) == 2 and not ports & {8002, 8003} and get_fl_client_names(seen) == ["site-1", "site-2"]
 
 
+def test_the_poc_is_submitted_to_once_its_server_listens_however_slowly_it_starts(monkeypatch):
+    """FLARE's PocEnv submits after a fixed pause and gives its admin session 10 s; a server slow to start (a loaded
+    machine) is waited for on its admin port, once, and one that never listens is named."""
+    import socket
+    import threading
+
+    from prrfl.flare import recipe as recipe_module
+
+    sessions = []
+    monkeypatch.setattr(PocEnv, "_get_session_manager", lambda self: sessions.append(self) or "session")
+    env = environment("poc", 2)
+    listener = socket.socket()
+    listener.bind(("localhost", 0))
+    env._admin_port = listener.getsockname()[1]
+    threading.Timer(1.0, listener.listen).start()  # the server listens a second later
+    assert env._get_session_manager() == "session" and env._get_session_manager() == "session" and len(sessions) == 2
+    listener.close()
+    env._admin_port, env.server_start_timeout = recipe_module.free_ports(1)[0], 0.5
+    with pytest.raises(RuntimeError, match=r"the POC server in .* did not listen on its admin port \d+ within 0 s; see its server/log.txt"):
+        env._get_session_manager()
+
+
 @pytest.mark.parametrize("failure", [RuntimeError("cannot connect to server for 10 seconds"), KeyboardInterrupt()])
 def test_a_poc_whose_start_or_submission_fails_is_stopped_and_the_cause_is_named(tmp_path, monkeypatch, failure):
     """The POC a failed start or submission (or Ctrl-C meanwhile) leaves is stopped: its server and sites never

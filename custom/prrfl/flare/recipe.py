@@ -261,13 +261,46 @@ class FreePortPocEnv(PocEnv):
     another FLARE POC on the same machine (a FLARE user's machine often has one) makes the server fail to start
     and the sites talk to the other deployment."""
 
+    server_start_timeout: float = 180.0  # seconds the POC server may take to listen, on a loaded machine
+
     def deploy(self, job):
         import yaml
 
+        fl_port, self._admin_port = free_ports(2)
         with tempfile.TemporaryDirectory() as tmp:  # FLARE copies it into its POC workspace as it provisions
             self.project_conf_path = str(Path(tmp, "project.yml"))
-            Path(self.project_conf_path).write_text(yaml.safe_dump(poc_project(self.num_clients, *free_ports(2)), sort_keys=False))
+            Path(self.project_conf_path).write_text(
+                yaml.safe_dump(poc_project(self.num_clients, fl_port, self._admin_port), sort_keys=False)
+            )
             return super().deploy(job)
+
+    def _get_session_manager(self):
+        """FLARE's admin session, once the POC server listens on its admin port. FLARE submits the job after a fixed
+        pause and gives its session 10 s, which a server that starts slowly (a loaded machine) misses: "cannot
+        connect to server for 10 seconds"."""
+        port = getattr(self, "_admin_port", None)
+        if port is not None:
+            self._admin_port = None  # waited for once, after the start: later calls (status, stop) do not wait
+            wait_for_port(port, self.server_start_timeout, f"the POC server in {self.poc_workspace}")
+        return super()._get_session_manager()
+
+
+def wait_for_port(port: int, timeout: float, what: str) -> None:
+    """Until something accepts TCP connections on localhost:port; a RuntimeError naming `what` after timeout s."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("localhost", port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{what} did not listen on its admin port {port} within {timeout:.0f} s; see its server/log.txt"
+                ) from None
+            time.sleep(0.5)
 
 
 def environment(
