@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from prrfl.config import config_error
 from prrfl.data.manifest import MANIFEST_NAME
 
 
@@ -110,6 +111,13 @@ class Task:
 
     def __init__(self, data_cfg: dict[str, Any]):
         self.data_cfg = dict(data_cfg)
+
+    def check_data_ranges(self, rules: dict[str, tuple[bool, str]]) -> None:
+        """Data options of the right type that would still fail once a site builds its data: option -> (whether its
+        value is fine, what is expected); the first that is not is a ConfigError naming `data.<option>`."""
+        for key, (ok, expected) in rules.items():
+            if not ok:
+                raise config_error(f"{self.name} data option '{key}'", expected, self.data_cfg[key], f"data.{key}")
 
     @classmethod
     def package(cls) -> str:

@@ -13,7 +13,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from prrfl.config import check_options, config_error
+from prrfl.config import check_options
 from prrfl.data.build import default_cache_dir
 from prrfl.tasks.derm.cache import ensure_synthetic_federation
 from prrfl.tasks.derm.splitting import HELDOUT_MIN_PER_CLASS
@@ -96,9 +96,7 @@ class DermTask(DermoscopyTask):
             "split_seed": (d["split_seed"] >= 0, "an integer >= 0"),
             "heldout_min_per_class": (d["heldout_min_per_class"] >= 1, "an integer >= 1"),
         }
-        for key, (ok, expected) in rules.items():
-            if not ok:
-                raise config_error(f"derm data option '{key}'", expected, d[key], f"data.{key}")
+        self.check_data_ranges(rules)
 
     def prepared_root(self, data_root: str | None, workers: int = 1) -> Path:
         """A site's prepared data: its own root, or the shared synthetic federation (built on first

@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypedDict
 
-from prrfl.config import check_options, config_error
+from prrfl.config import check_options
 from prrfl.data.build import default_cache_dir
 from prrfl.tasks.dermoscopy import DermoscopyTask
 
@@ -97,9 +97,7 @@ class Isic2019Task(DermoscopyTask):
             "split_seed": (d["split_seed"] >= 0, "an integer >= 0"),
             "valid_fraction": (0 < d["valid_fraction"] < 1, "a number in (0, 1)"),
         }
-        for key, (ok, expected) in rules.items():
-            if not ok:
-                raise config_error(f"isic2019 data option '{key}'", expected, d[key], f"data.{key}")
+        self.check_data_ranges(rules)
 
     def prepared_root(self, data_root: str | None, workers: int = 1) -> Path:
         if data_root:

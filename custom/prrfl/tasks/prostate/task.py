@@ -18,7 +18,7 @@ from typing import Any, Literal, TypedDict
 
 import torch
 
-from prrfl.config import check_options, config_error
+from prrfl.config import check_options
 from prrfl.data.augment import SliceAugment, normalize
 from prrfl.data.build import default_cache_dir
 from prrfl.models.deeplab import DeepLabV2ResNet18
@@ -120,9 +120,7 @@ class ProstateTask(SegmentationTask):
             "split_seed": (d["split_seed"] >= 0, "an integer >= 0"),
             "split_min_valid_cases": (d["split_min_valid_cases"] >= 1, "an integer >= 1"),
         }
-        for key, (ok, expected) in rules.items():
-            if not ok:
-                raise config_error(f"prostate data option '{key}'", expected, d[key], f"data.{key}")
+        self.check_data_ranges(rules)
         self.image_size = d["image_size"]
         self.prototype_pooling = d["prototype_pooling"]
         self.augment = SliceAugment.extended() if d["augmentation"] == "extended" else SliceAugment()
