@@ -14,7 +14,7 @@ from conftest import as_numpy, make_runtime, untimed
 from prrfl.messages import Download
 from prrfl.methods.view import SiteView
 from prrfl.metrics import download_drops, shared_model_drops
-from prrfl.site.trainer import run_round, score_last_download
+from prrfl.site.trainer import PHASES, run_round, score_last_download
 
 COUNTS = [20, 20, 20]
 
@@ -219,7 +219,11 @@ def test_same_seed_same_numbers(tiny_task, tmp_path):
     ua, ub = run_round(a, initial_download(tiny_task), 0), run_round(b, initial_download(tiny_task), 0)
     assert all(torch.equal(ua.params[k], ub.params[k]) for k in ua.params)
     assert untimed(a.history) == untimed(b.history)
-    assert a.history[-1]["timing"]["train_images_per_second"] > 0
+    timing = a.history[-1]["timing"]
+    assert timing["train_images_per_second"] > 0
+    assert list(timing["phases"]) == list(PHASES) and timing["phases"]["train"] == pytest.approx(timing["train_seconds"], abs=1e-4)
+    assert timing["phases"]["before_epoch"] > 0 and timing["phases"]["epoch_test"] > 0  # DET's scoring, the test curve
+    assert sum(timing["phases"].values()) <= timing["round_seconds"] + 1e-3  # the phases lie inside the round
 
 
 def test_the_sites_evaluation_chunk_bounds_every_evaluation(tiny_task, tmp_path, monkeypatch):
@@ -351,3 +355,58 @@ def test_a_personalized_method_reports_its_model_after_the_local_epochs(tiny_tas
     upload = run_round(site, Download(params=site.method.build_model().state_dict(), round=0), 0)
     run_round(site, Download(params=upload.params, round=1), 1)
     assert [h["kind"] for h in site.history] == ["round", "round"] and site.best is not None
+
+
+def test_a_model_is_scored_again_only_once_its_weights_changed(tiny_task, tmp_path, monkeypatch):
+    site = make_runtime(tiny_task, tmp_path)
+    calls: list[str] = []
+    original = type(tiny_task).evaluate
+
+    def counted(task, model, split, batch_size=None):
+        calls.append(next(r for r, m in site.models.items() if m is model))
+        return original(task, model, split, batch_size)
+
+    monkeypatch.setattr(type(tiny_task), "evaluate", counted)
+    first = site.evaluate("personal", "valid")
+    assert site.evaluate("personal", "valid") == first and calls == ["personal"]  # the same weights: not scored again
+    site.evaluate("personal", "test")
+    site.evaluate("deputy", "valid")
+    assert calls == ["personal", "personal", "deputy"]  # another split, another model: scored
+    with torch.no_grad():
+        next(site.models["personal"].parameters()).add_(1.0)  # any in-place write (an optimizer step) bumps its version
+    changed = site.evaluate("personal", "valid")
+    assert calls[-1] == "personal" and len(calls) == 4 and changed != first
+    site.models["personal"].load_state_dict(site.models["deputy"].state_dict())
+    site.evaluate("personal", "valid")
+    assert len(calls) == 5
+    site.models["personal"].train()(torch.zeros(2, *site.data.train.images.shape[1:]))  # BatchNorm's running statistics
+    site.evaluate("personal", "valid")
+    assert len(calls) == 6
+
+
+def test_rounds_that_reuse_scores_record_the_numbers_of_rounds_that_recompute_them(tiny_task, tmp_path, monkeypatch):
+    """PRR's P is scored on test after its last epoch, at the round's end and at the next download, and on valid at the
+    round's end and by DET before the next epoch, with the same weights: the site scores it once; its history is the
+    history of a site that scores every time."""
+    import prrfl.site.state as state
+
+    def two_rounds(path):
+        site = make_runtime(tiny_task, path)
+        calls = []
+        original = site.task.evaluate
+        site.task = dataclasses.replace(site.task) if dataclasses.is_dataclass(site.task) else copy.copy(site.task)
+        site.task.evaluate = lambda *a, **k: calls.append(1) or original(*a, **k)
+        upload = run_round(site, initial_download(tiny_task), 0)
+        run_round(site, next_download(upload, 1), 1)
+        return untimed(site.history), len(calls)
+
+    cached, cached_calls = two_rounds(tmp_path / "cached")
+    counter = iter(range(10**9))
+    monkeypatch.setattr(state, "weights_stamp", lambda model: (next(counter),))  # every stamp new: nothing reused
+    recomputed, all_calls = two_rounds(tmp_path / "recomputed")
+    assert cached == recomputed
+    # 2 epochs a round. Round 0: DET 2 x (P, D) on valid, 2 epoch tests of P, the round's end P and D on valid and
+    # test: 10, of which P's round-end test is its last epoch test: 9. Round 1: the download's test of P and D, then
+    # the same 10: 12, of which P's download test and its valid at DET's first scoring are round 0's end and its
+    # round-end test is again its last epoch test: 9. 18 of 22.
+    assert (cached_calls, all_calls) == (18, 22)

@@ -73,6 +73,13 @@ def card_digests(card: dict[str, Any]) -> dict[str, str]:
     return {f: hashlib.sha256(json.dumps(card.get(f), sort_keys=True).encode()).hexdigest() for f in BOUND_FIELDS}
 
 
+def weights_stamp(model: torch.nn.Module) -> tuple:
+    """What identifies a model's current weights without reading them: the module, and each parameter's and
+    buffer's storage and version counter, which every in-place write bumps (an optimizer step, load_state_dict,
+    BatchNorm's running statistics in a training forward, copy_)."""
+    return (id(model), *((t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers())))
+
+
 def save_weights(state_dict: dict[str, Any], path: Path) -> str:
     """Write a best model's weights atomically; returns the sha256 of the very bytes written, for its card
     (hashing what was serialised, not re-reading the file, so card and file agree by construction)."""
@@ -148,6 +155,7 @@ class SiteRuntime:
     best: dict[str, Any] | None = None
     ood: dict[str, float] | None = None  # best model on the out-of-distribution cohort, after the last round
     history: list[dict[str, Any]] = field(default_factory=list)
+    scores: dict[tuple[str, str], tuple[tuple, dict[str, float]]] = field(default_factory=dict, repr=False)  # evaluate's
 
     @classmethod
     def start(
@@ -194,7 +202,18 @@ class SiteRuntime:
 
     # ----- evaluation ------------------------------------------------------------------
     def evaluate(self, role: str, split_name: str) -> dict[str, float]:
-        return self.task.evaluate(self.models[role], self.data.split(split_name), self.eval_batch_size)
+        """The task's metrics of the model of `role` on a split. A model that has not changed since it was last
+        scored on that split (`weights_stamp`: no parameter or buffer written since) is not scored again: within a
+        round PRR's P is scored on test after its last epoch and again at the round's end and the next download,
+        and on valid at the round's end and by DET before the next epoch, all with the same weights."""
+        model = self.models[role]
+        stamp = (self.eval_batch_size, *weights_stamp(model))  # chunks of another size may differ in the last bits
+        kept = self.scores.get((role, split_name))
+        if kept is not None and kept[0] == stamp:
+            return dict(kept[1])
+        scores = self.task.evaluate(model, self.data.split(split_name), self.eval_batch_size)
+        self.scores[(role, split_name)] = (stamp, dict(scores))
+        return scores
 
     def evaluate_best_on_ood(self) -> dict[str, float] | None:
         """The best-on-validation model on the task's out-of-distribution cohort (Table X), when the

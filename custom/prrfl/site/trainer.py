@@ -6,6 +6,9 @@ import copy
 import logging
 import math
 import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -17,21 +20,47 @@ from prrfl.site.state import SiteRuntime
 log = logging.getLogger(__name__)
 
 
+class PhaseClock:
+    """Seconds a round spends in each of its phases (`with clock("train"): ...`), for the round's `timing`
+    record; on a GPU each phase ends with a synchronization, so that its kernels are counted in it."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        tick = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += _synchronized(self.device) - tick
+
+
+# The phases of a round, as `timing["phases"]` names them: the download's merge and its scoring (`download`), the
+# method's hook before each epoch (PRR: DET scoring P and D on valid, `before_epoch`), the local steps (`train`) and
+# the hook after them (`after_epoch`), the per-epoch test curve (`epoch_test`), the end-of-round scoring of every
+# model (`round_end`), the last round's out-of-distribution scores and examples (`ood`) and the upload (`upload`).
+# The checkpoint written after them (it holds this record) is outside `round_seconds`.
+PHASES = ("download", "before_epoch", "train", "after_epoch", "epoch_test", "round_end", "ood", "upload")
+
+
 def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
     """One communication round at a site: download, E local epochs, evaluation, checkpoint, upload.
     The method's hooks see the site through `SiteRuntime.view`."""
     cfg, method = site.cfg, site.method
     view = site.view()
     started = time.perf_counter()
-    train_seconds = 0.0
+    clock = PhaseClock(site.device)
     first = site.round_idx < 0
     if first and round_idx > 0:
         check_can_join(site, download, round_idx)
-    method.on_download(view, download, first=first)
-    scored = download_recorded(site, round_idx)  # by score_last_download, before the run was extended
-    if round_idx > 0 and (cfg.eval_test_every_epoch or method.reports_download()) and not scored:
-        # right after the download, before any local step: where retrogress shows, and the global model's scores
-        record_download(site, round_idx)
+    with clock("download"):
+        method.on_download(view, download, first=first)
+        scored = download_recorded(site, round_idx)  # by score_last_download, before the run was extended
+        if round_idx > 0 and (cfg.eval_test_every_epoch or method.reports_download()) and not scored:
+            # right after the download, before any local step: where retrogress shows, and the global model's scores
+            record_download(site, round_idx)
     if cfg.eval_test_every_epoch and round_idx > 0:
         epochs_done = round_idx * cfg.local_epochs
         metric = site.task.primary_metric
@@ -46,31 +75,40 @@ def run_round(site: SiteRuntime, download: Download, round_idx: int) -> Upload:
         for opt in site.optimizers.values():
             for group in opt.param_groups:
                 group["lr"] = method.lr_at(step)
-        method.before_epoch(view, epoch)
-        tick = time.perf_counter()
-        losses = train_epoch(site, view)
-        train_seconds += _synchronized(site.device) - tick
-        method.after_epoch(view, epoch)
+        with clock("before_epoch"):
+            method.before_epoch(view, epoch)
+        with clock("train"):
+            losses = train_epoch(site, view)
+        with clock("after_epoch"):
+            method.after_epoch(view, epoch)
         for role, value in losses.items():
             site.log_scalar(f"loss/{role}", value, step)
         site.log_scalar("lr", method.lr_at(step), step)
         if cfg.eval_test_every_epoch:
-            test = site.evaluate(method.eval_role, "test")
+            with clock("epoch_test"):
+                test = site.evaluate(method.eval_role, "test")
             site.history.append({"kind": "epoch", "round": round_idx, "epochs_done": step + 1, "test": test})
             site.log_scalar(f"epoch_test/{site.task.primary_metric}", test[site.task.primary_metric], step)
     images = site.data.num_train * cfg.local_epochs * len(method.roles)
+    train_seconds = clock.seconds["train"]
     timing = {
-        "round_seconds": time.perf_counter() - started,
+        "round_seconds": math.nan,  # set below, once the round's scoring is done
         "train_seconds": train_seconds,
         "train_images_per_second": images / train_seconds if train_seconds > 0 else math.nan,  # all models counted
+        "phases": clock.seconds,
     }
     site.log_scalar("speed/train_images_per_second", timing["train_images_per_second"], (round_idx + 1) * cfg.local_epochs - 1)
-    record_round(site, round_idx, timing)
+    with clock("round_end"):
+        record_round(site, round_idx, timing)
     site.round_idx = round_idx
     if round_idx == cfg.num_rounds - 1:
-        site.ood = site.evaluate_best_on_ood()
-        site.write_examples()
-    upload = method.upload(view)
+        with clock("ood"):
+            site.ood = site.evaluate_best_on_ood()
+            site.write_examples()
+    with clock("upload"):
+        upload = method.upload(view)
+    timing["phases"] = {phase: round(clock.seconds.get(phase, 0.0), 4) for phase in PHASES}
+    timing["round_seconds"] = time.perf_counter() - started
     site.save()
     return upload
 
