@@ -22,7 +22,7 @@ from prrfl.data.augment import normalize
 from prrfl.flare.jobs import job_config
 from prrfl.predict import chance_level, predict
 from prrfl.registry import build_method, build_task
-from prrfl.site.state import SiteRuntime, save_weights
+from prrfl.site.state import CARD_FIELDS, MODEL_CARD_FORMAT, MODEL_CARD_FORMAT_1, SiteRuntime, save_weights
 from prrfl.storage import save_json
 
 DERM_DATA = {"image_size": 32}
@@ -415,6 +415,14 @@ def beside(folder: Path, weights: Path, card: Path | dict) -> Path:
     return model
 
 
+def sealed(card: dict) -> dict:
+    """`card` with its content_sha256 made anew: as a site writes a card with these fields."""
+    from prrfl.site.state import card_digests
+
+    body = {k: v for k, v in card.items() if k != "content_sha256"}
+    return {**body, "content_sha256": card_digests(body)}
+
+
 def test_weights_of_another_model_under_a_card_are_refused_by_predict_and_evaluate(derm_raw, derm_model, tmp_path, capsys):
     images_dir, prepared = derm_raw
     other = saved_model(tmp_path / "site-3", "derm_prr", DERM_DATA, "A", prepared.parent, seed=3)  # same network, other weights
@@ -431,7 +439,8 @@ def test_weights_of_another_model_under_a_card_are_refused_by_predict_and_evalua
 def test_a_card_without_weights_sha256_is_read_with_a_warning(derm_raw, derm_model, tmp_path, caplog):
     images_dir, _ = derm_raw
     card = json.loads(derm_model.with_suffix(".json").read_text())
-    del card["weights_sha256"], card["content_sha256"]  # a card of an older prrfl has neither
+    del card["weights_sha256"], card["content_sha256"]  # a card of format 1 written by an older prrfl has neither
+    card["format"] = MODEL_CARD_FORMAT_1
     model = beside(tmp_path / "old", derm_model, card)
     assert predict(model, sorted(images_dir.glob("*.jpg"))[0], tmp_path / "p.csv").inputs == 1
     assert (
@@ -447,7 +456,7 @@ def test_predict_warns_when_the_cards_validation_metrics_are_at_chance_level(der
     assert not [m for m in caplog.messages if "chance level" in m]  # GOOD: AUC 85, bACC 70
     card = json.loads(derm_model.with_suffix(".json").read_text())
     card["metrics"]["valid"] = {"f1": 32.5, "auc": 52.0, "acc": 97.0, "bacc": 33.3}  # every image called nv
-    model = beside(tmp_path / "chance", derm_model, card)
+    model = beside(tmp_path / "chance", derm_model, sealed(card))
     caplog.clear()
     predict(model, image, tmp_path / "chance.csv")
     [warning] = [m for m in caplog.messages if "chance level" in m]
@@ -475,7 +484,8 @@ def test_a_card_whose_preprocessing_disagrees_with_its_config_is_refused(derm_ra
     model.write_bytes(derm_model.read_bytes())
     card = json.loads(derm_model.with_suffix(".json").read_text())
     card["preprocessing"]["image_size"] = 48
-    del card["content_sha256"]  # a card of an older prrfl: its fields are checked against each other instead
+    del card["content_sha256"]  # a card of format 1 of an older prrfl: its fields are checked against each other instead
+    card["format"] = MODEL_CARD_FORMAT_1
     model.with_suffix(".json").write_text(json.dumps(card))
     out = tmp_path / "p.csv"
     assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
@@ -483,25 +493,99 @@ def test_a_card_whose_preprocessing_disagrees_with_its_config_is_refused(derm_ra
     assert not out.exists()
 
 
-@pytest.mark.parametrize("edit", ["class_names", "preprocessing", "config"])
-def test_a_model_card_edited_by_hand_is_refused_naming_the_field(derm_raw, derm_model, tmp_path, capsys, edit):
-    """The card binds its own content: reversed class names would relabel every prediction (nv read as mel)."""
+def test_every_field_of_a_model_card_is_bound_by_its_content_sha256(derm_model):
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    assert card["format"] == MODEL_CARD_FORMAT and sorted(card) == sorted([*CARD_FIELDS, "content_sha256"])
+    assert sorted(card["content_sha256"]) == sorted(CARD_FIELDS)
+
+
+# how a hand might edit a card so that predict says something else, or warns of nothing; other fields: any value
+EDITS = {
+    "format": lambda card: card.update(format=MODEL_CARD_FORMAT_1),  # the earlier format binds fewer fields
+    "class_names": lambda card: card["class_names"].reverse(),  # every nv read as mel
+    "class_long_names": lambda card: card["class_long_names"].reverse(),
+    "task": lambda card: card.update(task="isic2019"),
+    "metrics": lambda card: card["metrics"]["valid"].update(auc=90.0, bacc=80.0),  # hides a chance-level model
+    "preprocessing": lambda card: card["preprocessing"].update(image_size=64),
+    "config": lambda card: card["config"]["data"].update(image_size=64),
+    "round": lambda card: card.update(round=7),
+    "weights_sha256": lambda card: card.update(weights_sha256="0" * 64),
+}
+
+
+@pytest.mark.parametrize("edited", CARD_FIELDS)
+def test_a_model_card_edited_by_hand_is_refused_naming_the_field(derm_raw, derm_model, tmp_path, capsys, edited):
+    """Every field is bound: reversed class names would relabel every prediction, raised validation metrics
+    would hide that the model is at chance level, another run or round would name another model."""
     images_dir, _ = derm_raw
     card = json.loads(derm_model.with_suffix(".json").read_text())
-    if edit == "class_names":
-        card["class_names"] = card["class_names"][::-1]
-    elif edit == "preprocessing":
-        card["preprocessing"]["steps"] = ["something else"]
-    else:
-        card["config"]["seed"] = 99
+    EDITS.get(edited, lambda card: card.update({edited: "edited by hand"}))(card)
     model = beside(tmp_path / "edited", derm_model, card)
     out = tmp_path / "p.csv"
     assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
     line = error_line(capsys)
-    assert f"{model.with_suffix('.json')}: {edit} changed since the card was written" in line and "edited by hand is refused" in line
+    assert f"{model.with_suffix('.json')}: {edited} changed since the card was written" in line and "edited by hand is refused" in line
     assert not out.exists()
+
+
+def test_an_untouched_model_card_is_accepted_without_a_warning(derm_raw, derm_model, tmp_path, caplog):
+    images_dir, _ = derm_raw
     unedited = beside(tmp_path / "as_saved", derm_model, derm_model.with_suffix(".json"))
     assert predict(unedited, sorted(images_dir.glob("*.jpg"))[0], tmp_path / "ok.csv").inputs == 1
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_current_card_without_its_content_sha256_is_refused_naming_the_card_and_the_key(derm_raw, derm_model, tmp_path, capsys):
+    """The edit of a card that deletes its checksum too (class names reversed) is refused, not read as an older card."""
+    images_dir, _ = derm_raw
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    del card["content_sha256"]
+    card["class_names"].reverse()
+    model = beside(tmp_path / "stripped", derm_model, card)
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
+    assert f"{model.with_suffix('.json')}: no content_sha256, which every {MODEL_CARD_FORMAT} model card holds" in error_line(capsys)
+    assert not out.exists()
+
+
+def test_a_field_added_to_a_card_or_removed_with_its_digest_is_refused(derm_raw, derm_model, tmp_path):
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    with pytest.raises(ValueError, match=r"best_personal.json: approved_by changed since the card was written"):
+        predict(beside(tmp_path / "added", derm_model, {**card, "approved_by": "someone"}), derm_raw[0], tmp_path / "p.csv")
+    del card["metrics"], card["content_sha256"]["metrics"]  # no validation metrics: no chance level judged
+    with pytest.raises(ValueError, match=r"best_personal.json: metrics changed since the card was written"):
+        predict(beside(tmp_path / "removed", derm_model, card), derm_raw[0], tmp_path / "p.csv")
+
+
+def format_1_card(card: dict) -> dict:
+    """`card` as prrfl wrote it before format 2: no class_long_names, content_sha256 binding 12 fields only."""
+    from prrfl.site.state import FORMAT_1_BOUND, card_digests
+
+    old = {k: v for k, v in card.items() if k not in ("class_long_names", "content_sha256")}
+    old["format"] = MODEL_CARD_FORMAT_1
+    return {**old, "content_sha256": card_digests(old, FORMAT_1_BOUND)}
+
+
+def test_an_earlier_format_card_is_read_saying_what_its_checksum_does_not_bind(derm_raw, derm_model, tmp_path, capsys, caplog):
+    images_dir, _ = derm_raw
+    image = sorted(images_dir.glob("*.jpg"))[0]
+    card = format_1_card(json.loads(derm_model.with_suffix(".json").read_text()))
+    model = beside(tmp_path / "format1", derm_model, card)
+    assert predict(model, image, tmp_path / "p.csv").inputs == 1
+    [warning] = [m for m in caplog.messages if "does not bind" in m]
+    assert warning.startswith(f"{model.with_suffix('.json')} is a {MODEL_CARD_FORMAT_1} card (an older prrfl): its content_sha256")
+    assert "metrics" in warning.split("does not bind")[1]
+    card["class_names"].reverse()  # what it binds is checked
+    model = beside(tmp_path / "format1", derm_model, card)
+    assert main(["predict", "--model", str(model), "--input", str(image), "--out", str(tmp_path / "q.csv")]) == 2
+    assert f"{model.with_suffix('.json')}: class_names changed since the card was written" in error_line(capsys)
+    card["class_names"].reverse()
+    del card["content_sha256"]  # written before the checksum existed: read, with a warning that it is unchecked
+    caplog.clear()
+    assert predict(beside(tmp_path / "format1", derm_model, card), image, tmp_path / "r.csv").inputs == 1
+    assert f"{model.with_suffix('.json')} has no content_sha256 (a {MODEL_CARD_FORMAT_1} card of an older prrfl): cannot check" in (
+        caplog.text
+    )
 
 
 def test_the_output_must_be_of_the_tasks_kind_and_a_folder_of_other_files_is_kept(
