@@ -228,6 +228,19 @@ def test_each_task_states_its_preprocessing_for_the_model_card():
     assert any("0.5 and 99.5 percentiles" in step for step in prostate["steps"])
 
 
+def test_each_task_spells_out_its_class_names_one_for_one_or_not_at_all():
+    """class_long_names go into the model card and `prrfl predict`'s predicted_name column, by class index."""
+    from prrfl.registry import task_class, task_names
+
+    spelled = {}
+    for name in task_names():
+        task = task_class(name)
+        assert len(task.class_long_names) in (0, task.num_classes), name
+        spelled[name] = dict(zip(task.class_names, task.class_long_names))
+    assert spelled["derm"]["mel"] == spelled["isic2019"]["MEL"] == "melanoma"
+    assert spelled["derm"]["nv"] == spelled["isic2019"]["NV"] == "melanocytic nevus"
+
+
 # ----- a task is one package -------------------------------------------------------------------------
 def test_every_task_is_one_package_that_states_what_the_jobs_predict_and_data_commands_need(tmp_path):
     """What the job table, `prrfl predict` and the data command line know of a task, the task states: its settings

@@ -6,6 +6,7 @@ import csv
 import hashlib
 import importlib.metadata
 import json
+import re
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,13 +23,14 @@ from prrfl.data.augment import normalize
 from prrfl.flare.jobs import job_config
 from prrfl.predict import chance_level, predict
 from prrfl.registry import build_method, build_task
-from prrfl.site.state import SiteRuntime, save_weights
+from prrfl.site.state import CARD_FIELDS, MODEL_CARD_FORMAT, MODEL_CARD_FORMAT_1, SiteRuntime, save_weights
 from prrfl.storage import save_json
 
 DERM_DATA = {"image_size": 32}
-# float32 CPU kernels sum in an order that depends on the batch shape (oneDNN picks its algorithm by batch
-# size), so one image scored in a batch of 1, 5 or 7 gives probabilities that differ in the 6th decimal (up
-# to 2.5e-6 seen on a busy 2-core machine). 1e-4 is 40x that and still far below any change of a decision.
+# The CSV rounds probabilities to 4 decimals (5e-5 at most). float32 CPU kernels sum in an order that depends on
+# the batch shape (oneDNN picks its algorithm by batch size), so one image scored in a batch of 1, 5 or 7 gives
+# probabilities that differ in the 6th decimal (up to 2.5e-6 seen on a busy 2-core machine). 1e-4 covers both
+# and is still far below any change of a decision.
 PROB_ATOL = 1e-4
 PROSTATE_DATA = {"image_size": 32, "model_width": 4}
 GOOD = {"derm": {"f1": 70.0, "auc": 85.0, "acc": 75.0, "bacc": 70.0}, "prostate": {"dice": 80.0, "iou": 68.0}}  # valid metrics
@@ -125,13 +127,19 @@ def test_derm_csv_one_row_per_image_in_sorted_order_probabilities_sum_to_one_arg
     assert f"class probabilities of {len(list(images_dir.iterdir()))} input(s) written to {out}" in capsys.readouterr().out
     with open(out, newline="") as f:
         header = next(csv.reader(f))
-    assert header == ["file", "predicted", "p_nv", "p_bkl", "p_mel", "flag"]
+    assert header == ["file", "predicted", "predicted_name", "p_nv", "p_bkl", "p_mel", "flag", "model", "model_warning"]
     rows = read_csv(out)
     assert [r["file"] for r in rows] == sorted(p.name for p in images_dir.iterdir())
+    assert all(re.fullmatch(r"[01]\.\d{4}", r[f"p_{c}"]) for r in rows for c in ("nv", "bkl", "mel"))  # 4 decimals
     probs = np.array([[float(r[f"p_{c}"]) for c in ("nv", "bkl", "mel")] for r in rows])
-    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1.5e-4)  # 3 roundings of at most 5e-5
     assert [r["predicted"] for r in rows] == [("nv", "bkl", "mel")[i] for i in probs.argmax(axis=1)]
+    long_names = {"nv": "melanocytic nevus", "bkl": "benign keratosis-like lesion", "mel": "melanoma"}
+    assert [r["predicted_name"] for r in rows] == [long_names[r["predicted"]] for r in rows]
     assert {r["flag"] for r in rows} == {""}  # the site's own kind of image: nothing implausible
+    sha256 = hashlib.sha256(derm_model.read_bytes()).hexdigest()
+    assert {r["model"] for r in rows} == {f"derm/prr best_personal.pt of site-1 (A), run r1, round 0, sha256 {sha256[:12]}"}
+    assert {r["model_warning"] for r in rows} == {""}  # a model above chance, its card checked
     assert probs.std(axis=0).max() > 0.01  # the outputs depend on the image
 
     single = tmp_path / "one.csv"  # a single image file as input
@@ -160,15 +168,18 @@ def prostate_model(tmp_path_factory, prostate_raw) -> Path:
     return saved_model(tmp_path_factory.mktemp("prostate_model"), "prostate_prr", PROSTATE_DATA, "RUNMC", prostate_raw[1], seed=1)
 
 
-def test_prostate_masks_are_on_the_inputs_grid_from_the_slices_training_prepared(prostate_raw, prostate_model, tmp_path):
+def test_prostate_masks_are_on_the_inputs_grid_from_the_slices_training_prepared(prostate_raw, prostate_model, tmp_path, monkeypatch):
     from prrfl.tasks.prostate.prepare import prepare_image, restore_labels
     from prrfl.tasks.prostate.reader import from_canonical, load_image
     from prrfl.tasks.prostate.store import load_split
 
     raw, prepared = prostate_raw
     out = tmp_path / "masks"
-    result = predict(prostate_model, raw, out, batch_size=8)  # the cases' _Segmentation files are skipped
+    monkeypatch.setattr("prrfl.predict.PROGRESS_SECONDS", 0.0)  # a progress line after every volume but the last
+    progress: list[str] = []
+    result = predict(prostate_model, raw, out, batch_size=8, progress=progress.append)  # the cases' _Segmentation files are skipped
     cases = sorted(p.name[: -len(".nii.gz")] for p in raw.glob("Case??.nii.gz"))
+    assert [line.split(",")[0] for line in progress] == [f"predict: {i}/{len(cases)} volumes" for i in range(1, len(cases))]
     assert result.inputs == len(cases) and sorted(p.name for p in out.iterdir()) == sorted(
         [f"{c}_mask.nii.gz" for c in cases] + ["summary.csv"]
     )
@@ -189,6 +200,11 @@ def test_prostate_masks_are_on_the_inputs_grid_from_the_slices_training_prepared
                 labels = model(normalize(torch.from_numpy(slices)))[0].argmax(dim=1).numpy().astype(np.uint8)
             np.testing.assert_array_equal(mask, from_canonical(restore_labels(labels, volume.image.shape), volume.ornt))
             assert int(summary[f"{case}.nii.gz"]["voxels_prostate"]) == int(mask.sum())
+            sha256 = hashlib.sha256(prostate_model.read_bytes()).hexdigest()[:12]
+            assert written.header["descrip"].tobytes().rstrip(b"\0") == f"prrfl predicted mask, model sha256 {sha256}".encode()
+    assert {(r["model"], r["model_warning"]) for r in summary.values()} == {
+        (f"prostate/prr best_personal.pt of site-1 (RUNMC), run r1, round 0, sha256 {sha256}", "")
+    }
 
 
 def test_an_identity_size_volume_gets_the_models_argmax_on_its_prepared_slices_in_its_own_orientation(
@@ -341,6 +357,43 @@ def test_a_batch_of_unreadable_inputs_only_is_refused_and_leaves_nothing_at_out(
     assert not masks.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_predict_prints_progress_with_the_count_and_time_left_on_stderr_unless_quiet(derm_raw, derm_model, tmp_path, capsys, monkeypatch):
+    images_dir, _ = derm_raw
+    total = len(list(images_dir.iterdir()))
+    monkeypatch.setattr("prrfl.predict.PROGRESS_SECONDS", 0.0)  # a line after every chunk but the last
+    command = ["predict", "--model", str(derm_model), "--input", str(images_dir), "--out", str(tmp_path / "p.csv"), "--batch-size", "5"]
+    assert main(command) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("predict: ")]
+    counts = [re.fullmatch(rf"predict: (\d+)/{total} images, \d+ s, about \d+ s left", line) for line in lines]
+    assert all(counts) and [int(m[1]) for m in counts] == list(range(5, total, 5)), lines
+    assert main([*command, "--quiet"]) == 0
+    assert "predict: " not in capsys.readouterr().err
+
+
+def test_progress_lines_come_every_few_seconds_with_the_time_left_at_the_pace_so_far():
+    from prrfl.predict import Progress
+
+    lines: list[str] = []
+    now = [100.0]
+    progress = Progress(5000, "images", lines.append, clock=lambda: now[0])
+    for done, at in [(64, 101.0), (1200, 125.0), (1264, 126.0), (2000, 140.0), (4000, 820.0), (5000, 900.0)]:
+        now[0] = at
+        progress.update(done)
+    assert lines == [
+        "predict: 1200/5000 images, 25 s, about 79 s left",  # 25 s for 1200: 79 s for the other 3800
+        "predict: 2000/5000 images, 40 s, about 60 s left",  # 1 s after a line: none at 1264; none once all are done
+        "predict: 4000/5000 images, 12 min, about 3 min left",
+    ]
+    now[0] = 100.0
+    slow = Progress(100000, "images", lines.append, clock=lambda: now[0])
+    now[0] = 7300.0
+    slow.update(10000)
+    assert lines[-1] == "predict: 10000/100000 images, 2.0 h, about 18.0 h left"
+    silent = Progress(10, "images", None, clock=lambda: now[0])
+    now[0] = 9999.0
+    silent.update(5)  # no report: nothing to call
+
+
 def test_implausible_images_are_predicted_and_flagged_with_their_reason(derm_raw, derm_model, tmp_path, caplog):
     images_dir, _ = derm_raw
     normal = sorted(images_dir.glob("*.jpg"))[0]
@@ -415,6 +468,14 @@ def beside(folder: Path, weights: Path, card: Path | dict) -> Path:
     return model
 
 
+def sealed(card: dict) -> dict:
+    """`card` with its content_sha256 made anew: as a site writes a card with these fields."""
+    from prrfl.site.state import card_digests
+
+    body = {k: v for k, v in card.items() if k != "content_sha256"}
+    return {**body, "content_sha256": card_digests(body)}
+
+
 def test_weights_of_another_model_under_a_card_are_refused_by_predict_and_evaluate(derm_raw, derm_model, tmp_path, capsys):
     images_dir, prepared = derm_raw
     other = saved_model(tmp_path / "site-3", "derm_prr", DERM_DATA, "A", prepared.parent, seed=3)  # same network, other weights
@@ -431,7 +492,8 @@ def test_weights_of_another_model_under_a_card_are_refused_by_predict_and_evalua
 def test_a_card_without_weights_sha256_is_read_with_a_warning(derm_raw, derm_model, tmp_path, caplog):
     images_dir, _ = derm_raw
     card = json.loads(derm_model.with_suffix(".json").read_text())
-    del card["weights_sha256"], card["content_sha256"]  # a card of an older prrfl has neither
+    del card["weights_sha256"], card["content_sha256"]  # a card of format 1 written by an older prrfl has neither
+    card["format"] = MODEL_CARD_FORMAT_1
     model = beside(tmp_path / "old", derm_model, card)
     assert predict(model, sorted(images_dir.glob("*.jpg"))[0], tmp_path / "p.csv").inputs == 1
     assert (
@@ -447,13 +509,27 @@ def test_predict_warns_when_the_cards_validation_metrics_are_at_chance_level(der
     assert not [m for m in caplog.messages if "chance level" in m]  # GOOD: AUC 85, bACC 70
     card = json.loads(derm_model.with_suffix(".json").read_text())
     card["metrics"]["valid"] = {"f1": 32.5, "auc": 52.0, "acc": 97.0, "bacc": 33.3}  # every image called nv
-    model = beside(tmp_path / "chance", derm_model, card)
+    model = beside(tmp_path / "chance", derm_model, sealed(card))
     caplog.clear()
     predict(model, image, tmp_path / "chance.csv")
     [warning] = [m for m in caplog.messages if "chance level" in m]
     assert warning == (
         f"{model.with_suffix('.json')}: the model is at chance level on its validation split (AUC 52.0 <= 55; balanced "
         "accuracy 33.3 <= 38.3, one class for every input scores 33.3): its predictions say little"
+    )
+    assert [r["model_warning"] for r in read_csv(tmp_path / "chance.csv")] == [warning]  # in the output too
+    assert [r["model_warning"] for r in read_csv(tmp_path / "good.csv")] == [""]
+
+
+def test_a_chance_level_segmentation_model_says_so_in_its_summary(prostate_raw, prostate_model, tmp_path):
+    raw, _ = prostate_raw
+    card = json.loads(prostate_model.with_suffix(".json").read_text())
+    card["metrics"]["valid"] = {"dice": 8.0, "iou": 4.2}
+    model = beside(tmp_path / "chance", prostate_model, sealed(card))
+    predict(model, raw / "Case00.nii.gz", tmp_path / "masks")
+    [row] = read_csv(tmp_path / "masks" / "summary.csv")
+    assert row["model_warning"] == (
+        f"{model.with_suffix('.json')}: the model is at chance level on its validation split (Dice 8.0 < 20): its predictions say little"
     )
 
 
@@ -475,7 +551,8 @@ def test_a_card_whose_preprocessing_disagrees_with_its_config_is_refused(derm_ra
     model.write_bytes(derm_model.read_bytes())
     card = json.loads(derm_model.with_suffix(".json").read_text())
     card["preprocessing"]["image_size"] = 48
-    del card["content_sha256"]  # a card of an older prrfl: its fields are checked against each other instead
+    del card["content_sha256"]  # a card of format 1 of an older prrfl: its fields are checked against each other instead
+    card["format"] = MODEL_CARD_FORMAT_1
     model.with_suffix(".json").write_text(json.dumps(card))
     out = tmp_path / "p.csv"
     assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
@@ -483,25 +560,103 @@ def test_a_card_whose_preprocessing_disagrees_with_its_config_is_refused(derm_ra
     assert not out.exists()
 
 
-@pytest.mark.parametrize("edit", ["class_names", "preprocessing", "config"])
-def test_a_model_card_edited_by_hand_is_refused_naming_the_field(derm_raw, derm_model, tmp_path, capsys, edit):
-    """The card binds its own content: reversed class names would relabel every prediction (nv read as mel)."""
+def test_every_field_of_a_model_card_is_bound_by_its_content_sha256(derm_model):
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    assert card["format"] == MODEL_CARD_FORMAT and sorted(card) == sorted([*CARD_FIELDS, "content_sha256"])
+    assert sorted(card["content_sha256"]) == sorted(CARD_FIELDS)
+
+
+# how a hand might edit a card so that predict says something else, or warns of nothing; other fields: any value
+EDITS = {
+    "format": lambda card: card.update(format=MODEL_CARD_FORMAT_1),  # the earlier format binds fewer fields
+    "class_names": lambda card: card["class_names"].reverse(),  # every nv read as mel
+    "class_long_names": lambda card: card["class_long_names"].reverse(),
+    "task": lambda card: card.update(task="isic2019"),
+    "metrics": lambda card: card["metrics"]["valid"].update(auc=90.0, bacc=80.0),  # hides a chance-level model
+    "preprocessing": lambda card: card["preprocessing"].update(image_size=64),
+    "config": lambda card: card["config"]["data"].update(image_size=64),
+    "round": lambda card: card.update(round=7),
+    "weights_sha256": lambda card: card.update(weights_sha256="0" * 64),
+}
+
+
+@pytest.mark.parametrize("edited", CARD_FIELDS)
+def test_a_model_card_edited_by_hand_is_refused_naming_the_field(derm_raw, derm_model, tmp_path, capsys, edited):
+    """Every field is bound: reversed class names would relabel every prediction, raised validation metrics
+    would hide that the model is at chance level, another run or round would name another model."""
     images_dir, _ = derm_raw
     card = json.loads(derm_model.with_suffix(".json").read_text())
-    if edit == "class_names":
-        card["class_names"] = card["class_names"][::-1]
-    elif edit == "preprocessing":
-        card["preprocessing"]["steps"] = ["something else"]
-    else:
-        card["config"]["seed"] = 99
+    EDITS.get(edited, lambda card: card.update({edited: "edited by hand"}))(card)
     model = beside(tmp_path / "edited", derm_model, card)
     out = tmp_path / "p.csv"
     assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
     line = error_line(capsys)
-    assert f"{model.with_suffix('.json')}: {edit} changed since the card was written" in line and "edited by hand is refused" in line
+    assert f"{model.with_suffix('.json')}: {edited} changed since the card was written" in line and "edited by hand is refused" in line
     assert not out.exists()
+
+
+def test_an_untouched_model_card_is_accepted_without_a_warning(derm_raw, derm_model, tmp_path, caplog):
+    images_dir, _ = derm_raw
     unedited = beside(tmp_path / "as_saved", derm_model, derm_model.with_suffix(".json"))
     assert predict(unedited, sorted(images_dir.glob("*.jpg"))[0], tmp_path / "ok.csv").inputs == 1
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_current_card_without_its_content_sha256_is_refused_naming_the_card_and_the_key(derm_raw, derm_model, tmp_path, capsys):
+    """The edit of a card that deletes its checksum too (class names reversed) is refused, not read as an older card."""
+    images_dir, _ = derm_raw
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    del card["content_sha256"]
+    card["class_names"].reverse()
+    model = beside(tmp_path / "stripped", derm_model, card)
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
+    assert f"{model.with_suffix('.json')}: no content_sha256, which every {MODEL_CARD_FORMAT} model card holds" in error_line(capsys)
+    assert not out.exists()
+
+
+def test_a_field_added_to_a_card_or_removed_with_its_digest_is_refused(derm_raw, derm_model, tmp_path):
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    with pytest.raises(ValueError, match=r"best_personal.json: approved_by changed since the card was written"):
+        predict(beside(tmp_path / "added", derm_model, {**card, "approved_by": "someone"}), derm_raw[0], tmp_path / "p.csv")
+    del card["metrics"], card["content_sha256"]["metrics"]  # no validation metrics: no chance level judged
+    with pytest.raises(ValueError, match=r"best_personal.json: metrics changed since the card was written"):
+        predict(beside(tmp_path / "removed", derm_model, card), derm_raw[0], tmp_path / "p.csv")
+
+
+def format_1_card(card: dict) -> dict:
+    """`card` as prrfl wrote it before format 2: no class_long_names, content_sha256 binding 12 fields only."""
+    from prrfl.site.state import FORMAT_1_BOUND, card_digests
+
+    old = {k: v for k, v in card.items() if k not in ("class_long_names", "content_sha256")}
+    old["format"] = MODEL_CARD_FORMAT_1
+    return {**old, "content_sha256": card_digests(old, FORMAT_1_BOUND)}
+
+
+def test_an_earlier_format_card_is_read_saying_what_its_checksum_does_not_bind(derm_raw, derm_model, tmp_path, capsys, caplog):
+    images_dir, _ = derm_raw
+    image = sorted(images_dir.glob("*.jpg"))[0]
+    card = format_1_card(json.loads(derm_model.with_suffix(".json").read_text()))
+    model = beside(tmp_path / "format1", derm_model, card)
+    assert predict(model, image, tmp_path / "p.csv").inputs == 1
+    [warning] = [m for m in caplog.messages if "does not bind" in m]
+    assert warning.startswith(f"{model.with_suffix('.json')} is a {MODEL_CARD_FORMAT_1} card (an older prrfl): its content_sha256")
+    assert "metrics" in warning.split("does not bind")[1]
+    [row] = read_csv(tmp_path / "p.csv")
+    assert row["model_warning"] == warning  # said in the output too
+    assert row["predicted_name"] in ("melanocytic nevus", "benign keratosis-like lesion", "melanoma")  # the task's: the card has none
+    card["class_names"].reverse()  # what it binds is checked
+    model = beside(tmp_path / "format1", derm_model, card)
+    assert main(["predict", "--model", str(model), "--input", str(image), "--out", str(tmp_path / "q.csv")]) == 2
+    assert f"{model.with_suffix('.json')}: class_names changed since the card was written" in error_line(capsys)
+    card["class_names"].reverse()
+    del card["content_sha256"]  # written before the checksum existed: read, with a warning that it is unchecked
+    caplog.clear()
+    assert predict(beside(tmp_path / "format1", derm_model, card), image, tmp_path / "r.csv").inputs == 1
+    assert f"{model.with_suffix('.json')} has no content_sha256 (a {MODEL_CARD_FORMAT_1} card of an older prrfl): cannot check" in (
+        caplog.text
+    )
+    assert read_csv(tmp_path / "r.csv")[0]["model_warning"].startswith(f"{model.with_suffix('.json')} has no content_sha256")
 
 
 def test_the_output_must_be_of_the_tasks_kind_and_a_folder_of_other_files_is_kept(

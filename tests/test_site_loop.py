@@ -197,7 +197,7 @@ def test_every_best_model_has_a_model_card_beside_it(tiny_task, tmp_path):
     run_round(site, next_download(upload, 1), 1)
     card = json.loads((site.state_dir / "best_personal.json").read_text())
     best = site.best
-    assert card["format"] == "prrfl-model-card/1" and card["model_file"] == "best_personal.pt"
+    assert card["format"] == "prrfl-model-card/2" and card["model_file"] == "best_personal.pt"
     assert (card["task"], card["method"], card["role"], card["site"], card["cohort"]) == ("tiny", "prr", "personal", "A", "A")
     assert card["round"] == best["round"] and card["metrics"] == {"valid": best["valid"], "test": best["test"]}
     assert card["config"] == site.cfg.to_dict() and card["run_id"] == site.run_id

@@ -155,16 +155,21 @@ exit status:
   2    refused (bad arguments, model, card or output; weights not the card's; no input readable): nothing written
   {EXIT_SKIPPED}    written, but some inputs were unreadable and skipped (each named on stderr)
 An implausible input (far smaller than the model's images, near-constant) is predicted and named in the
-output's flag column; a model its card puts at chance level is a warning."""
+output's flag column; a model its card puts at chance level is a warning, on stderr and in the output's
+model_warning column. Progress lines with the time left go to stderr every few seconds (--quiet: none)."""
 
 
 def _predict(args: argparse.Namespace) -> int:
     from prrfl.predict import predict
 
-    result = predict(args.model, args.input, args.out, args.device, args.batch_size)
+    result = predict(args.model, args.input, args.out, args.device, args.batch_size, progress=None if args.quiet else _stderr_line)
     skipped = f"; {len(result.skipped)} unreadable input(s) skipped" if result.skipped else ""
     print(f"{args.model}: {result.writes} of {result.inputs} input(s) written to {result.out}{skipped}")
     return EXIT_SKIPPED if result.skipped else 0
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _positive(text: str) -> int:
@@ -357,6 +362,7 @@ def _add_predict(sub, common: argparse.ArgumentParser) -> None:
     )
     predict.add_argument("--device", default="cpu")
     predict.add_argument("--batch-size", type=_positive, help="images or slices per forward pass (default: the task's evaluation chunk)")
+    predict.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings and errors are still printed)")
     predict.set_defaults(func=_predict)
 
 

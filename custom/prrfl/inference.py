@@ -3,8 +3,9 @@ on a prepared split (`prrfl evaluate`).
 
 Every best model `best_<role>.pt` has its card `best_<role>.json` beside it (`SiteRuntime.model_card`):
 the task, method and whole config that rebuild the network, the preprocessing its inputs need, the
-metrics it was chosen with, and the sha256 of the weights file it was written with. Nothing is re-typed
-by the user: what the card says is what is built, and weights that are not the card's are refused.
+metrics it was chosen with, and the sha256 of the weights file it was written with; and the sha256 of each of
+its own fields (`content_sha256`). Nothing is re-typed by the user: what the card says is what is built, and a
+card edited since it was written, or weights that are not the card's, are refused.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ import torch
 
 from prrfl.config import RunConfig
 from prrfl.registry import build_method, build_task
-from prrfl.site.state import BOUND_FIELDS, MODEL_CARD_FORMAT, MODEL_CARD_SUFFIX, card_digests
+from prrfl.site.state import (
+    CARD_FIELDS,
+    FORMAT_1_BOUND,
+    MODEL_CARD_FORMAT,
+    MODEL_CARD_FORMAT_1,
+    MODEL_CARD_SUFFIX,
+    field_digest,
+)
 from prrfl.storage import load_json, load_torch
 from prrfl.tasks.base import Task
 
@@ -34,6 +42,17 @@ class SavedModel:
     card: dict[str, Any]
     task: Task
     model: torch.nn.Module
+    weights_sha256: str  # of the weights file as read
+    warnings: tuple[str, ...] = ()  # what could not be checked of an older card (logged as warnings too)
+
+    def describe(self) -> str:
+        """Which model this is, on one line: its file, site, run, round and the first 12 hex digits of its
+        weights' sha256 (e.g. "derm/prr best_personal.pt of site-1 (A), run r1, round 3, sha256 3f2a...")."""
+        c = self.card
+        return (
+            f"{c['task']}/{c['method']} {c['model_file']} of {c['site']} ({c['cohort']}), run {c['run_id']}, round {c['round']}, "
+            f"sha256 {self.weights_sha256[:12]}"
+        )
 
 
 def card_path(model_path: str | Path) -> Path:
@@ -42,8 +61,8 @@ def card_path(model_path: str | Path) -> Path:
 
 def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu") -> SavedModel:
     """The model of a best-model file, rebuilt from its card, in evaluation mode. Errors name the file:
-    a missing model or card, a card of another format, weights that are not the ones the card was written
-    with (`check_weights`) or do not fit the card's network."""
+    a missing model or card, a card of another format, a card edited since it was written (`check_content`),
+    weights that are not the ones the card was written with (`check_weights`) or do not fit the card's network."""
     path = Path(model_path)
     card_file = card_path(path)
     if not path.is_file():
@@ -54,8 +73,9 @@ def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu")
         card = load_json(card_file)
     except ValueError as e:  # not JSON (json.JSONDecodeError, UnicodeDecodeError)
         raise ValueError(f"{card_file}: not a readable model card ({e})") from None
-    if not isinstance(card, dict) or card.get("format") != MODEL_CARD_FORMAT:
-        raise ValueError(f"{card_file}: not a model card of format {MODEL_CARD_FORMAT}")
+    if not isinstance(card, dict) or card.get("format") not in (MODEL_CARD_FORMAT, MODEL_CARD_FORMAT_1):
+        raise ValueError(f"{card_file}: not a model card of format {MODEL_CARD_FORMAT} (or the earlier {MODEL_CARD_FORMAT_1})")
+    unchecked = [check_content(card_file, card)]
     if card.get("model_file") != path.name:
         raise ValueError(f"{card_file} describes {card.get('model_file')}, not {path.name}")
     cfg = RunConfig.from_dict(card["config"])
@@ -67,49 +87,68 @@ def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu")
         state = load_torch(path, map_location=device)
     except RuntimeError as e:  # truncated or not a checkpoint: an input the user can replace
         raise ValueError(str(e)) from e
-    check_weights(path, card)
-    check_content(path, card)
+    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    unchecked.append(check_weights(path, card, sha256))
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
         detail = " ".join(str(e).split())[:300]
         raise ValueError(f"{path}: the weights do not fit the {cfg.task}/{cfg.method} network its card describes: {detail}") from None
-    return SavedModel(path, card, task, model.to(device).eval())
+    warnings = tuple(w for w in unchecked if w)
+    for warning in warnings:
+        log.warning("%s", warning)
+    return SavedModel(path, card, task, model.to(device).eval(), sha256, warnings)
 
 
-def check_weights(path: Path, card: dict[str, Any]) -> None:
-    """The sha256 of the weights file must be the card's `weights_sha256`: a card beside another model's
-    weights (another site's, another run's) would describe a model it is not. A card written before the
-    field existed is accepted with a warning that the pair cannot be checked."""
+def check_weights(path: Path, card: dict[str, Any], sha256: str) -> str | None:
+    """The sha256 of the weights file (`sha256`) must be the card's `weights_sha256`: a card beside another
+    model's weights (another site's, another run's) would describe a model it is not. A card of format 1
+    written before the field existed is accepted: the returned warning says that the pair cannot be checked."""
     card_file = card_path(path)
     expected = card.get("weights_sha256")
     if expected is None:
-        log.warning("%s has no weights_sha256 (written by an older prrfl): cannot check that %s is its model", card_file, path.name)
-        return
-    actual = hashlib.sha256(path.read_bytes()).hexdigest()
-    if actual != expected:
+        return f"{card_file} has no weights_sha256 (written by an older prrfl): cannot check that {path.name} is its model"
+    if sha256 != expected:
         raise ValueError(
-            f"{path} (sha256 {actual[:12]}...) is not the model its card {card_file} was written for (weights_sha256 "
-            f"{expected[:12]}...): put the .pt and .json saved together side by side"
+            f"{path} (sha256 {sha256[:12]}...) is not the model its card {card_file} was written for (weights_sha256 "
+            f"{str(expected)[:12]}...): put the .pt and .json saved together side by side"
         )
+    return None
 
 
-def check_content(path: Path, card: dict[str, Any]) -> None:
-    """The card's bound fields (`BOUND_FIELDS`: its class names, preprocessing, config, ...) must be those it was
-    written with (`content_sha256`): a card edited by hand, e.g. its class names reversed, would relabel every
-    prediction silently. A card written before the field existed is accepted with a warning."""
-    card_file = card_path(path)
+def check_content(card_file: Path, card: dict[str, Any]) -> str | None:
+    """The card's fields must be those it was written with (`content_sha256`, the sha256 of each field): a card
+    edited by hand, e.g. its class names reversed or its validation metrics raised, would relabel every prediction
+    or hide that the model is at chance level. A ValueError names the fields that changed (added or removed ones
+    too). A card of the current format must hold content_sha256, which binds all its fields (CARD_FIELDS); one of
+    format 1 is read without it, or with one that binds FORMAT_1_BOUND only: the returned warning says what
+    cannot be checked."""
     written = card.get("content_sha256")
+    earlier = card["format"] == MODEL_CARD_FORMAT_1
     if written is None:
-        log.warning("%s has no content_sha256 (written by an older prrfl): cannot check that it is unedited", card_file)
-        return
-    now = card_digests(card)
-    changed = [f for f in BOUND_FIELDS if not isinstance(written, dict) or written.get(f) != now[f]]
+        if earlier:
+            return f"{card_file} has no content_sha256 (a {MODEL_CARD_FORMAT_1} card of an older prrfl): cannot check that it is unedited"
+        raise ValueError(
+            f"{card_file}: no content_sha256, which every {MODEL_CARD_FORMAT} model card holds (the sha256 of each of its "
+            "fields): a card without it cannot be checked and is refused; use the .pt and .json as they were saved together"
+        )
+    if not isinstance(written, dict):
+        raise ValueError(f"{card_file}: content_sha256 must map each field of the card to its sha256, got {type(written).__name__}")
+    bound = FORMAT_1_BOUND if earlier else (*CARD_FIELDS, *card)
+    fields = [f for f in dict.fromkeys((*bound, *written)) if f != "content_sha256"]
+    changed = [f for f in fields if written.get(f) != field_digest(card.get(f))]
     if changed:
         raise ValueError(
             f"{card_file}: {', '.join(changed)} changed since the card was written (its content_sha256 no longer matches): "
             "a model card edited by hand is refused; use the .pt and .json as they were saved together"
         )
+    unbound = [f for f in card if f not in fields and f != "content_sha256"]
+    if unbound:
+        return (
+            f"{card_file} is a {MODEL_CARD_FORMAT_1} card (an older prrfl): its content_sha256 does not bind "
+            f"{', '.join(unbound)}, so edits to them cannot be found"
+        )
+    return None
 
 
 def evaluate_saved_model(

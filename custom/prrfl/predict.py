@@ -6,16 +6,21 @@ the functions that prepared the training data, at the card's image size: a dermo
 `prepare.prepare_image`; then the task's `eval_transform`, as in evaluation. Nothing about the
 preprocessing is typed by the user.
 
-* derm: one CSV, a row per image in sorted order: file, predicted class, `p_<class>` per class in the
-  card's class order (softmax), flag.
+* derm: one CSV, a row per image in sorted order: file, predicted class (`predicted`, the card's class name,
+  e.g. `mel`; `predicted_name`, spelled out), `p_<class>` per class in the card's class order (softmax, 4
+  decimals), flag, model, model_warning.
 * prostate: per volume `<stem>_mask.nii.gz` (uint8 class indices, 1 = prostate) on the input's voxel grid,
-  with its affine and header: the predicted slices are taken back through the preparation's geometry
-  (nearest neighbour), and `summary.csv` with each mask's voxels and millilitres per class, and a flag.
+  with its affine and header (its description names the model's weights): the predicted slices are taken back
+  through the preparation's geometry (nearest neighbour), and `summary.csv` with each mask's voxels and
+  millilitres per class, flag, model, model_warning.
 
-What says the output may not deserve trust is said, not hidden: a warning when the card's validation
-metrics put the model at chance level (`chance_level`), and a `flag` column naming why an input is
-implausible for the model (`image_flags`, `volume_flags`): its prediction is still written, the user decides.
-An unreadable input is skipped with a warning naming it and the rest goes on (`Prediction.skipped`).
+Every row names the model it came from (`model`: `SavedModel.describe`, the same in every row), and what says
+the output may not deserve trust is said in it, not only on stderr: `model_warning` (the same in every row,
+empty when none) when the card's validation metrics put the model at chance level (`chance_level`) or an older
+card could not be checked; a `flag` column naming why an input is implausible for the model (`image_flags`,
+`volume_flags`): its prediction is still written, the user decides. An unreadable input is skipped with a
+warning naming it and the rest goes on (`Prediction.skipped`). Progress lines with the time left go to
+`progress` (`Progress`).
 
 The output appears whole or not at all: the CSV is written atomically, the mask folder built beside
 `out` and renamed. Errors are ValueError / FileNotFoundError naming the file (one line in the CLI).
@@ -26,6 +31,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +50,9 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 MASK_SUFFIX = "_mask.nii.gz"
 SUMMARY = "summary.csv"
 FLAG = "flag"  # the output column of an input's implausibility reasons ("; "-joined, empty when none)
+MODEL_COLUMNS = ["model", "model_warning"]  # the last output columns: the same in every row (Batch.model)
+PROBABILITY_DECIMALS = 4  # of the CSV's p_<class>: a decision never hangs on the 5th decimal of a softmax
+PROGRESS_SECONDS = 5.0  # at most one progress line this often
 
 # Chance level, read from the card's validation metrics (percent), by the metrics the task reports:
 # classification (auc, bacc) is at chance when AUC <= CHANCE_AUC or bACC <= 100/K + CHANCE_BACC_MARGIN;
@@ -97,12 +106,39 @@ class Prediction:
     flagged: int = 0  # predictions written with a flag
 
 
+class Progress:
+    """Lines such as "predict: 1200/5000 images, 25 s, about 80 s left" to `report`, at most one every
+    PROGRESS_SECONDS (none for a batch done sooner), the time left from the pace so far. `report` None: silent."""
+
+    def __init__(self, total: int, noun: str, report: Callable[[str], None] | None, clock: Callable[[], float] = time.monotonic):
+        self.total, self.noun, self.report, self.clock = total, noun, report, clock
+        self.start = self.last = clock()
+
+    def update(self, done: int) -> None:
+        now = self.clock()
+        if self.report is None or done >= self.total or now - self.last < PROGRESS_SECONDS or not done:
+            return
+        self.last = now
+        elapsed = now - self.start
+        left = elapsed / done * (self.total - done)
+        self.report(f"predict: {done}/{self.total} {self.noun}, {_duration(elapsed)}, about {_duration(left)} left")
+
+
+def _duration(seconds: float) -> str:
+    """Seconds under 2 minutes, minutes under 2 hours, else hours."""
+    if seconds < 119.5:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7170 else f"{seconds / 3600:.1f} h"
+
+
 @dataclass
 class Batch:
     """One call's inputs as they go through: the output rows (the flag column last) and the skipped inputs."""
 
     total: int  # inputs to predict
     table: Path  # the CSV that holds the flag column, for messages
+    model: list[str]  # MODEL_COLUMNS of every row
+    progress: Progress
     rows: list[list] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
@@ -121,11 +157,16 @@ class Batch:
     def add(self, row: list, flags: Iterable[str | None]) -> None:
         self.rows.append([*row, "; ".join(f for f in flags if f)])
 
+    def advanced(self) -> None:
+        """Progress after each input or chunk: inputs written or skipped so far."""
+        self.progress.update(len(self.rows) + len(self.skipped))
+
     def csv(self, header: list[str]) -> str:
-        """The rows as CSV text; a ValueError when no input could be read (nothing is to be written)."""
+        """The rows as CSV text, the flag and MODEL_COLUMNS last; a ValueError when no input could be read
+        (nothing is to be written)."""
         if not self.rows:
             raise ValueError(f"none of the {self.total} input(s) could be read (each named above): nothing written")
-        return _csv_text([*header, FLAG], self.rows)
+        return _csv_text([*header, FLAG, *MODEL_COLUMNS], [[*row, *self.model] for row in self.rows])
 
     @property
     def flagged(self) -> int:
@@ -173,15 +214,31 @@ def list_inputs(path: str | Path, kind: InputKind, others: Sequence[InputKind], 
     return chosen
 
 
+@dataclass(frozen=True)
+class Request:
+    """What a predictor writes to, and with: `out`, `batch_size` inputs (images or slices) per forward pass,
+    the MODEL_COLUMNS of every row, and where progress lines go (None: nowhere)."""
+
+    out: Path
+    batch_size: int
+    model: list[str]
+    progress: Callable[[str], None] | None
+
+    def batch(self, total: int, table: Path, noun: str) -> Batch:
+        return Batch(total, table, self.model, Progress(total, noun, self.progress))
+
+
 def predict(
     model_path: str | Path,
     input_path: str | Path,
     out: str | Path,
     device: str = "cpu",
     batch_size: int | None = None,
+    progress: Callable[[str], None] | None = log.info,
 ) -> Prediction:
     """The predictions of a best model (card beside it) for the images or volumes at `input_path`, written
-    to `out` (module docstring). `batch_size`: images or slices per forward pass (default the task's)."""
+    to `out` (module docstring). `batch_size`: images or slices per forward pass (default the task's);
+    `progress`: where the progress lines go (`Progress`; None: nowhere)."""
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     saved = load_saved_model(model_path, device)
@@ -190,12 +247,15 @@ def predict(
     predictor = PREDICTORS[saved.task.prediction]
     model = f"{saved.path} (a {task} model)"
     files = list_inputs(input_path, predictor.kind, [p.kind for p in PREDICTORS.values() if p.kind != predictor.kind], model)
+    warnings = list(saved.warnings)  # logged by load_saved_model
     chance = chance_level(saved.card)
     if chance:
-        log.warning(
-            "%s: the model is at chance level on its validation split (%s): its predictions say little", card_path(saved.path), chance
+        warnings.append(
+            f"{card_path(saved.path)}: the model is at chance level on its validation split ({chance}): its predictions say little"
         )
-    batch = predictor.run(saved, files, Path(out), batch_size or saved.task.eval_batch_size)
+        log.warning("%s", warnings[-1])
+    request = Request(Path(out), batch_size or saved.task.eval_batch_size, [saved.describe(), "; ".join(warnings)], progress)
+    batch = predictor.run(saved, files, request)
     if batch.flagged:
         log.warning("%d of %d inputs flagged: see the %s column of %s", batch.flagged, len(batch.rows), FLAG, batch.table)
     return Prediction(Path(out), len(batch.rows), task, predictor.writes, tuple(batch.skipped), batch.flagged)
@@ -260,10 +320,16 @@ def _probabilities(saved: SavedModel, stored: np.ndarray) -> torch.Tensor:
     return torch.softmax(logits.float(), dim=1).cpu()
 
 
-def _class_names(saved: SavedModel) -> list[str]:
-    names = list(saved.card.get("class_names") or saved.task.class_names)
+def _class_names(saved: SavedModel, key: str = "class_names") -> list[str]:
+    """The card's class names (`key` class_names) or the same spelled out (class_long_names: a card of format 1
+    has none, and gets the task's spelling of each of its class names)."""
+    names = saved.card.get(key)
+    if not names and key == "class_long_names":
+        spelled = dict(zip(saved.task.class_names, saved.task.class_long_names))
+        names = [spelled.get(n, n) for n in _class_names(saved)]
+    names = list(names or saved.task.class_names)
     if len(names) != saved.task.num_classes:
-        raise ValueError(f"{card_path(saved.path)}: {len(names)} class names for a {saved.task.num_classes}-class model")
+        raise ValueError(f"{card_path(saved.path)}: {len(names)} {key} for a {saved.task.num_classes}-class model")
     return names
 
 
@@ -276,30 +342,32 @@ def _csv_text(header: list[str], rows: list[list]) -> str:
 
 
 # ----- dermoscopy: one CSV ----------------------------------------------------------------------
-def _classify(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -> Batch:
+def _classify(saved: SavedModel, files: list[Path], request: Request) -> Batch:
     from PIL import Image
 
     from prrfl.tasks.derm.images import load_square
 
+    out = request.out
     if out.is_dir():
         raise ValueError(f"{out} is a folder, but a {saved.card['task']} model writes one CSV file: give --out a file name")
     size = saved.task.preprocessing()["image_size"]
-    names = _class_names(saved)
+    names, long_names = _class_names(saved), _class_names(saved, "class_long_names")
 
     def load(path: Path) -> tuple[np.ndarray, list[str | None]]:
         square = load_square(path, size)
         with Image.open(path) as im:  # the header only: the size before cropping and resizing
             return square, image_flags(im.size, square, size)
 
-    batch = Batch(len(files), out)
-    for chunk in _chunks(files, batch_size):
+    batch = request.batch(len(files), out, "images")
+    for chunk in _chunks(files, request.batch_size):
         loaded = list(batch.readable(chunk, load))
-        if not loaded:
-            continue
-        probs = _probabilities(saved, np.stack([square for _, (square, _) in loaded]))
-        for (path, (_, flags)), p in zip(loaded, probs.tolist()):
-            batch.add([path.name, names[int(np.argmax(p))], *(f"{v:.9g}" for v in p)], flags)  # 9 digits: the float32 exactly
-    save_text(batch.csv(["file", "predicted", *(f"p_{n}" for n in names)]), out)
+        if loaded:
+            probs = _probabilities(saved, np.stack([square for _, (square, _) in loaded]))
+            for (path, (_, flags)), p in zip(loaded, probs.tolist()):
+                c = int(np.argmax(p))  # of the probabilities before rounding
+                batch.add([path.name, names[c], long_names[c], *(f"{v:.{PROBABILITY_DECIMALS}f}" for v in p)], flags)
+        batch.advanced()
+    save_text(batch.csv(["file", "predicted", "predicted_name", *(f"p_{n}" for n in names)]), out)
     return batch
 
 
@@ -321,25 +389,26 @@ def _volume_inputs(files: list[Path]) -> list[tuple[Path, str]]:
     return [(p, s) for s, p in chosen.items()]
 
 
-def _mask_image(mask: np.ndarray, source, num_classes: int):
+def _mask_image(mask: np.ndarray, source, num_classes: int, weights_sha256: str):
     """The NIfTI of a uint8 mask on its source's voxel grid: the source's affine and header (data type,
-    scaling and display range set for labels)."""
+    scaling and display range set for labels; its description names the model by its weights' sha256)."""
     image = type(source)(mask.astype(np.uint8), source.affine, header=source.header.copy())
     image.set_data_dtype(np.uint8)
     header = image.header
     header.set_slope_inter(1, 0)
     header["cal_min"], header["cal_max"] = 0, num_classes - 1
-    header["descrip"] = b"prrfl predicted mask"
+    header["descrip"] = f"prrfl predicted mask, model sha256 {weights_sha256[:12]}".encode()  # 80 bytes at most
     return image
 
 
-def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -> Batch:
+def _segment(saved: SavedModel, files: list[Path], request: Request) -> Batch:
     import nibabel as nib
 
     from prrfl.data.build import build_dir
     from prrfl.tasks.prostate.prepare import prepare_image, restore_labels
     from prrfl.tasks.prostate.reader import from_canonical, load_image
 
+    out = request.out
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file, but a {saved.card['task']} model writes a folder of masks: give --out a folder")
     if out.is_dir():
@@ -349,19 +418,21 @@ def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -
     size = saved.task.preprocessing()["image_size"]
     names = _class_names(saved)
     stems = dict(_volume_inputs(files))
-    batch = Batch(len(stems), out / SUMMARY)
+    batch = request.batch(len(stems), out / SUMMARY, "volumes")
 
     def write(folder: Path) -> None:
         for path, volume in batch.readable(stems, load_image):
             stem = stems[path]
             slices = prepare_image(volume.image, size)
-            labels = np.concatenate([_probabilities(saved, c).argmax(dim=1).numpy() for c in _chunks(slices, batch_size)])
+            chunks = _chunks(slices, request.batch_size)
+            labels = np.concatenate([_probabilities(saved, c).argmax(dim=1).numpy() for c in chunks])
             mask = from_canonical(restore_labels(labels.astype(np.uint8), volume.image.shape), volume.ornt)
-            nib.save(_mask_image(mask, volume.source, len(names)), folder / f"{stem}{MASK_SUFFIX}")
+            nib.save(_mask_image(mask, volume.source, len(names), saved.weights_sha256), folder / f"{stem}{MASK_SUFFIX}")
             voxel_ml = abs(float(np.linalg.det(volume.source.affine[:3, :3]))) / 1000.0
             counts = [int((mask == c).sum()) for c in range(1, len(names))]
             row = [path.name, f"{stem}{MASK_SUFFIX}", "x".join(map(str, mask.shape)), *counts, *(f"{n * voxel_ml:.3f}" for n in counts)]
             batch.add(row, volume_flags(volume.image, size))
+            batch.advanced()
         header = ["file", "mask", "shape", *(f"voxels_{n}" for n in names[1:]), *(f"ml_{n}" for n in names[1:])]
         (folder / SUMMARY).write_text(batch.csv(header))
 
@@ -372,7 +443,7 @@ def _segment(saved: SavedModel, files: list[Path], out: Path, batch_size: int) -
 @dataclass(frozen=True)
 class Predictor:
     kind: InputKind  # the inputs it takes
-    run: Callable[[SavedModel, list[Path], Path, int], Batch]  # writes their predictions, says what happened to them
+    run: Callable[[SavedModel, list[Path], Request], Batch]  # writes their predictions, says what happened to them
     writes: str  # what it writes per input, for messages
 
 

@@ -47,12 +47,42 @@ CHECKPOINT = "site_state.pt"
 PREVIOUS_CHECKPOINT = "site_state.previous.pt"
 RESULTS = "results.json"
 MODEL_CARD_SUFFIX = ".json"  # best_<role>.json beside best_<role>.pt
-# Fields are only ever added to format 1 (weights_sha256, prrfl_version, code_commit, data_fingerprint,
-# synthetic_data came later): a reader takes a card without them, and says what it cannot check.
-MODEL_CARD_FORMAT = "prrfl-model-card/1"
-# the card's fields that decide what the model predicts and for whom: each one's sha256 is in the card's
-# content_sha256, so a field edited by hand afterwards is found and named (integrity, not a signature)
-BOUND_FIELDS = (
+# A card binds its own content: content_sha256 holds the sha256 of each field's canonical JSON (`field_digest`),
+# so a field edited by hand afterwards is found and named (integrity against edits, not a signature).
+# Format 2: every field is bound (CARD_FIELDS), and a card without content_sha256 is refused.
+MODEL_CARD_FORMAT = "prrfl-model-card/2"
+CARD_FIELDS = (
+    "format",
+    "model_file",
+    "task",
+    "method",
+    "role",
+    "run_id",
+    "run_name",
+    "site",
+    "cohort",
+    "round",
+    "selected_by",
+    "metrics",
+    "class_names",
+    "class_long_names",
+    "preprocessing",
+    "config",
+    "data_root",
+    "num_train",
+    "saved",
+    "torch",
+    "weights_sha256",
+    "prrfl_version",
+    "code_commit",
+    "data_fingerprint",
+    "synthetic_data",
+)
+# Format 1, still read: its fields came over time (weights_sha256, prrfl_version, code_commit, data_fingerprint
+# and synthetic_data later, content_sha256 last), and its content_sha256, where present, binds these fields only
+# (not its metrics, nor class_long_names, which it lacks). A reader says what it cannot check of such a card.
+MODEL_CARD_FORMAT_1 = "prrfl-model-card/1"
+FORMAT_1_BOUND = (
     "model_file",
     "task",
     "method",
@@ -68,9 +98,14 @@ BOUND_FIELDS = (
 )
 
 
-def card_digests(card: dict[str, Any]) -> dict[str, str]:
-    """The sha256 of each bound field's canonical JSON (sorted keys), as the card's content_sha256."""
-    return {f: hashlib.sha256(json.dumps(card.get(f), sort_keys=True).encode()).hexdigest() for f in BOUND_FIELDS}
+def field_digest(value: Any) -> str:
+    """The sha256 of a card field's canonical JSON (sorted keys): what content_sha256 holds per field."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def card_digests(card: dict[str, Any], fields: tuple[str, ...] = CARD_FIELDS) -> dict[str, str]:
+    """The card's content_sha256: each of `fields` to its `field_digest`."""
+    return {f: field_digest(card.get(f)) for f in fields}
 
 
 def weights_stamp(model: torch.nn.Module) -> tuple:
@@ -246,7 +281,8 @@ class SiteRuntime:
     def model_card(self, role: str, round_idx: int, valid: dict[str, float], test: dict[str, float], weights_sha256: str) -> dict[str, Any]:
         """What a saved best model is and how it was made: enough to rebuild it (task, method, config) and
         to feed it new inputs as in training (the task's preprocessing), with the metrics it was chosen by;
-        the sha256 of its weights file (`save_weights`), the code and the data that made it."""
+        the sha256 of its weights file (`save_weights`), the code and the data that made it; and content_sha256,
+        which binds every field (CARD_FIELDS)."""
         data_fingerprint, synthetic = data_identity(self.task, self.data_root)
         card = {
             "format": MODEL_CARD_FORMAT,
@@ -262,6 +298,7 @@ class SiteRuntime:
             "selected_by": f"valid {self.task.primary_metric}, rounds >= {self.cfg.select_from_round}",
             "metrics": {"valid": valid, "test": test},
             "class_names": list(self.task.class_names),
+            "class_long_names": list(self.task.class_long_names or self.task.class_names),
             "preprocessing": self.task.preprocessing(),
             "config": self.cfg.to_dict(),
             "data_root": self.data_root,

@@ -95,6 +95,9 @@ class Task:
     name: ClassVar[str]
     num_classes: ClassVar[int]
     class_names: ClassVar[tuple[str, ...]]
+    # the classes spelled out for a reader (class_names order) where class_names are a dataset's codes ("mel"): the
+    # model card and `prrfl predict`'s output name both; empty: the class names are already words
+    class_long_names: ClassVar[tuple[str, ...]] = ()
     site_names: ClassVar[tuple[str, ...]]  # the federation's cohorts, in FLARE site order
     extra_cohorts: ClassVar[tuple[str, ...]] = ()  # other cohorts a site may state in its settings (e.g. I2CVB)
     ood_cohort: ClassVar[str | None] = None  # evaluated at the end, never trained on

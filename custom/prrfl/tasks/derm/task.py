@@ -73,6 +73,7 @@ class DermTask(DermoscopyTask):
     name = "derm"
     num_classes = 3
     class_names = ("nv", "bkl", "mel")
+    class_long_names = ("melanocytic nevus", "benign keratosis-like lesion", "melanoma")  # HAM10000's dx codes
     site_names = ("A", "B", "C", "D")
     ood_cohort = "OOD"
     ood_scored_by = "A"  # TMI Table X: site A's model on ViDIR Legacy

@@ -16,6 +16,16 @@ from __future__ import annotations
 from prrfl.data.manifest import MANIFEST_NAME  # noqa: F401 - re-exported (prepared layout)
 
 CLASS_NAMES: tuple[str, ...] = ("MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC")  # FLamby's `target` 0..7
+CLASS_LONG_NAMES: tuple[str, ...] = (  # ISIC 2019's diagnoses, spelled out
+    "melanoma",
+    "melanocytic nevus",
+    "basal cell carcinoma",
+    "actinic keratosis",
+    "benign keratosis",
+    "dermatofibroma",
+    "vascular lesion",
+    "squamous cell carcinoma",
+)
 NUM_CLASSES = len(CLASS_NAMES)
 UNKNOWN_CLASS = "UNK"  # ISIC 2019's ninth column: no training image has it; a row that does is refused
 

@@ -20,7 +20,7 @@ from prrfl.data.build import default_cache_dir
 from prrfl.tasks.dermoscopy import DermoscopyTask
 
 from .cache import ensure_synthetic_isic2019
-from .layout import CENTRES, CLASS_NAMES
+from .layout import CENTRES, CLASS_LONG_NAMES, CLASS_NAMES
 from .prepare import VALID_FRACTION
 from .store import IsicSplit, load_split, split_path
 
@@ -78,6 +78,7 @@ class Isic2019Task(DermoscopyTask):
     name = "isic2019"
     num_classes = len(CLASS_NAMES)
     class_names = CLASS_NAMES
+    class_long_names = CLASS_LONG_NAMES
     site_names = CENTRES
     paper_table = "FCA Table 4"
     metric_names = ("bacc", "auc", "f1", "acc")  # FCA's bACC first: it selects each site's model and is DET's phi
