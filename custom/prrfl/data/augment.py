@@ -55,13 +55,15 @@ class DermAugment:
         factor = torch.where(draw(b) < self.brightness_p, factor, torch.ones_like(factor))
         x = x * factor[:, None, None, None]
 
-        # one of {blur, noise} for a fraction of the batch
+        # one of {blur, noise} for a fraction of the batch; the noise is drawn for every sample (the generator's
+        # stream), the blur computed only for the samples it applies to (per sample the same values)
         choose = draw(b)
         apply = draw(b) < self.blur_noise_p
-        blurred = TF.gaussian_blur(x, kernel_size=[5, 5], sigma=[1.0, 1.0])
         noisy = x + torch.randn(x.shape, generator=generator).to(dev) * (draw(b) * 0.05 + 0.01)[:, None, None, None]
-        mixed = torch.where((choose < 0.5)[:, None, None, None], blurred, noisy)
-        x = torch.where(apply[:, None, None, None], mixed, x)
+        blur = (apply & (choose < 0.5)).nonzero().flatten()
+        x = torch.where((apply & (choose >= 0.5))[:, None, None, None], noisy, x)
+        if len(blur):
+            x[blur] = TF.gaussian_blur(x[blur], kernel_size=[5, 5], sigma=[1.0, 1.0])
 
         x = self._affine(x, draw)
         return x.clamp_(0.0, 1.0).sub_(0.5).div_(0.5)

@@ -38,7 +38,7 @@ class Isic2019Data(TypedDict):
 
 DEFAULT_DATA: dict[str, Any] = {
     "image_size": 64,  # FCA: 224
-    "synthetic_scale": 0.08,  # fraction of FLamby's counts per centre, class and fold; 1.0 = 23,247 images
+    "synthetic_scale": 0.03,  # fraction of FLamby's counts per centre, class and fold; 1.0 = 23,247 images
     "synthetic_seed": 0,
     "synthetic_shift": 1.0,  # how much the centres' acquisitions differ (prrfl.tasks.isic2019.render)
     "split_seed": 0,
@@ -48,7 +48,8 @@ DEFAULT_DATA: dict[str, Any] = {
 # Job settings per profile (Task.profiles). Every profile trains as FCA's code does (Adam 1e-3, weight decay 5e-4);
 # FCA's EfficientNet-B0 starts from ImageNet weights, which no site here can download: every method trains the task's
 # slim VGG-16BN from scratch.
-# quick: the synthetic federation at 8 % of FLamby's counts, 64 px, 5 rounds x 2 epochs, batch 32.
+# quick: the synthetic federation at 3 % of FLamby's counts (735 images), 64 px, 5 rounds x 2 epochs, batch 32: a few
+# minutes on 2 CPU cores (benchmarks/default_job.py isic2019_prr), where the round's time is BCN's training alone.
 QUICK: dict[str, Any] = {
     "num_rounds": 5,
     "local_epochs": 2,
