@@ -108,10 +108,11 @@ def test_fourier_aggregator_rejects_bad_settings():
 
 
 def tiny(a: float, b: float, bn: float) -> dict[str, torch.Tensor]:
+    """A model's state: float weights and statistics (also from integer arguments), an integer counter."""
     return {
-        "fc.weight": torch.tensor([[a, b]]),
-        "fc.bias": torch.tensor([b]),
-        "bn.running_mean": torch.tensor([bn]),
+        "fc.weight": torch.tensor([[a, b]], dtype=torch.float32),
+        "fc.bias": torch.tensor([b], dtype=torch.float32),
+        "bn.running_mean": torch.tensor([bn], dtype=torch.float32),
         "bn.num_batches_tracked": torch.tensor(int(bn)),
     }
 

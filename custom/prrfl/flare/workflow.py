@@ -31,6 +31,7 @@ from prrfl.flare.tracking import publish_cohorts, send_scalars
 from prrfl.messages import PrepareReply
 from prrfl.metrics import nanmean
 from prrfl.registry import build_method, build_task, validate_config
+from prrfl.server.checks import summary_problem
 from prrfl.server.federation import Event, Federation, RoundAnswers, ServerState, new_run_id
 from prrfl.storage import load_torch, save_json, save_text, save_torch, save_torch_keeping_previous, set_aside
 
@@ -255,11 +256,12 @@ class PersonalizedWorkflow(PerClientController):
         summaries = {}
         for site in sites:
             result = answers.results.get(site)
-            why = answers.missing.get(site) if result is None else (result.meta or {}).get(P.ERROR)
+            meta = {} if result is None else result.meta or {}
+            why = answers.missing.get(site) if result is None else meta.get(P.ERROR) or summary_problem(meta.get("summary", {}))
             if why:
                 self.warning(f"{site} did not score the last round's global model: {why}; its best is that of the rounds before")
             else:
-                summaries[site] = result.meta.get("summary", {})
+                summaries[site] = meta.get("summary", {})
         if summaries:
             new = copy.copy(state)
             new.summaries = {**state.summaries, **summaries}
@@ -269,7 +271,8 @@ class PersonalizedWorkflow(PerClientController):
                 self.warning(f"cannot save the server's state with the last round's scores: {e}; the results below hold them")
             self.state = new
             metric = self.federation.task.primary_metric
-            scores = ", ".join(f"{s} {metric}={v['last']['test'][metric]:.1f}" for s, v in sorted(summaries.items()) if v.get("last"))
+            tests = {s: (v.get("last") or {}).get("test", {}) for s, v in sorted(summaries.items())}
+            scores = ", ".join(f"{s} {metric}={test[metric]:.1f}" for s, test in tests.items() if metric in test)
             self.info(f"the last round's global model, test at each site: {scores}")
         return True
 

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import torch
 
 from prrfl.config import ConfigError, RunConfig
+from prrfl.keys import PROTOTYPES
 from prrfl.messages import Download, PrepareReply, Upload
 from prrfl.server.aggregation import add_difference
-from prrfl.server.checks import NORM_HISTORY, norm_outliers, update_norm, upload_problem
+from prrfl.server.checks import NORM_HISTORY, norm_outliers, round_value, summary_problem, update_norm, upload_problem
 from prrfl.summary import participation, results_table
 
 if TYPE_CHECKING:
@@ -113,6 +114,21 @@ class Outcome:
 def add_to_sent(upload: Upload, sent: dict[str, torch.Tensor]) -> Upload:
     """The site's trained weights: what the server sent plus the (checked) difference, in the sent dtype."""
     return Upload(upload.site, add_difference(upload.params, sent), upload.num_train, upload.class_counts, upload.meta)
+
+
+def prototype_width_outliers(uploads: dict[str, Upload]) -> dict[str, str]:
+    """The well-formed uploads whose prototypes are not those of the round (`round_value`: the most common
+    width, no prototypes counting as width 0; a tie goes to sending some), each with the reason: the method
+    stacks the sites' prototypes, which needs one width, and a site of a method that exchanges them must send them."""
+    widths = {site: len(u.meta[PROTOTYPES][0]) if PROTOTYPES in u.meta else 0 for site, u in uploads.items()}
+    common = round_value(widths, rank=lambda width: width > 0)
+    others = sum(width == common for width in widths.values())
+    return {
+        site: (f"it sends prototypes of width {width}" if width else "it sends no prototypes")
+        + f", the round's other {others} upload(s) {f'of width {common}' if common else 'none'}"
+        for site, width in widths.items()
+        if width != common
+    }
 
 
 def new_run_id() -> str:
@@ -240,10 +256,14 @@ class Federation:
         checked: dict[str, Upload] = {}
         for site in self.in_cohort_order(state, answers.uploads):
             problem = upload_problem(answers.uploads[site], self.reference(), self.task)  # on the difference, before use
+            problem = problem or summary_problem(answers.summaries.get(site, {}))
             if problem:
                 rejected[site] = problem
             else:
                 checked[site] = answers.uploads[site]
+        for site, problem in prototype_width_outliers(checked).items():
+            rejected[site] = problem
+            del checked[site]
         norms = {site: update_norm(upload.params) for site, upload in checked.items()}
         events.append(("info", f"round {round_idx}: update norms " + ", ".join(f"{s} {n:.3g}" for s, n in norms.items())))
         for site, problem in norm_outliers(norms, cfg.update_norm_ratio, state.update_norms, cfg.update_norm_max).items():

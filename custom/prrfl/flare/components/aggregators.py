@@ -11,9 +11,10 @@ shares, as torch tensors (numpy arrays are turned into tensors), `meta["client_n
 every result), and, for `weighting="samples"`, how much the client trained: its training-set size in
 `meta[NUM_SAMPLES]` or, as FLARE's FedAvg reads it, its local steps in `meta[NUM_STEPS]`
 ("NUM_STEPS_CURRENT_ROUND"). A result is checked before it is kept (`prrfl.server.checks.params_problem`:
-finite, the keys and shapes of the first result of the round, or of the `reference` the controller set);
-a DIFF is refused, since adding it to the wrong base would corrupt the model silently (`PersonalizedFedAvg`
-turns DIFFs into full weights first). Every refusal is a ValueError naming the client.
+finite, the keys, shapes and kinds of values (float, integer) of the first result of the round, or of the
+`reference` the controller set); a DIFF is refused, since adding it to the wrong base would corrupt the
+model silently (`PersonalizedFedAvg` turns DIFFs into full weights first). Every refusal is a ValueError
+naming the client.
 
 * `FedAvgAggregator`: the same weighted average for every client.
 * `FedBNAggregator`: FedAvg, with each client's BatchNorm layers (or any `local_keys`) kept at the client.
@@ -124,7 +125,7 @@ class PerClientAggregator(FLComponent, aggregation.Aggregator):
             if n is None or n < 0:
                 raise ValueError(
                     f"{client}: weighting='samples' needs meta[{NUM_SAMPLES!r}] (training-set size) or meta[{NUM_STEPS!r}] "
-                    f"(local steps), a positive integer; got {meta.get(NUM_SAMPLES, meta.get(NUM_STEPS))!r}"
+                    f"(local steps), a positive integer; got {meta.get(NUM_SAMPLES, meta.get(NUM_STEPS))!r:.60}"
                 )
             self._num_samples[client] = n
         self._states[client] = params

@@ -32,7 +32,8 @@ from prrfl.flare.components.controller import Answers, PerClientController
 from prrfl.flare.components.prototypes import PrototypeExchange
 from prrfl.keys import CLASS_COUNTS, PROTOTYPES
 from prrfl.server.aggregation import add_difference, as_tensors
-from prrfl.server.checks import prototype_problem
+from prrfl.server.checks import params_problem
+from prrfl.server.prototypes import usable_statistics
 from prrfl.storage import load_torch, save_torch
 
 MODELS_DIR = "models"  # under the job's run dir on the server: <client>.pt per client
@@ -40,16 +41,21 @@ STATE_FILE = "personalized_fedavg_state.pt"  # in state_dir: what a resumed job 
 
 
 def full_weights(result: FLModel, sent: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A result's params as full weights: FULL as they are, DIFF added to what was `sent` (in its dtype).
-    KeyError for a key that was not sent; ValueError for another params type."""
+    """A result's params as full weights: FULL as they are (the aggregator checks them), DIFF added to what was
+    `sent` (in its dtype) once checked against it. KeyError for a key that was not sent; ValueError for another
+    params type or a difference the checks refuse (prrfl.server.checks.params_problem: not tensors, another
+    shape or kind of values, NaN or Inf)."""
     params = as_tensors(result.params or {})
     if result.params_type in (None, ParamsType.FULL):
         return params
     if result.params_type != ParamsType.DIFF:
         raise ValueError(f"cannot use params of type {result.params_type}")
-    unknown = sorted(set(params) - set(sent))
+    unknown = sorted(set(params) - set(sent), key=str) if isinstance(params, Mapping) else []
     if unknown:
         raise KeyError(f"a difference for keys that were not sent: {unknown[:5]}")
+    problem = params_problem(params, sent, subset=True)
+    if problem:  # named as the aggregator names the client of a refused result
+        raise ValueError(f"{(result.meta or {}).get('client_name', 'the result')}: {problem}")
     return add_difference(params, sent)
 
 
@@ -248,29 +254,27 @@ class PersonalizedFedAvg(PerClientController):
 
     def _statistics(self, results: Mapping[str, FLModel], accepted: list[str], round_idx: int) -> dict[str, dict[str, Any]]:
         """The accepted clients' metas for the prototype exchange; a client that sent no class counts or
-        prototypes, or malformed prototypes, is named in a warning (and its prototypes left out)."""
-        metas = {}
-        for client in accepted:
-            meta = dict(results[client].meta or {})
+        prototypes, or unusable ones (malformed, or of another number of classes or width than the round's
+        others: `prrfl.server.prototypes.usable_statistics`), is named in a warning and those are left out."""
+        metas = {client: dict(results[client].meta or {}) for client in accepted}
+        for client, meta in metas.items():
             lacking = [key for key in (CLASS_COUNTS, PROTOTYPES) if key not in meta]
             if lacking:
                 self.warning(
                     f"round {round_idx}: {client} sent no {' and no '.join(lacking)}: it is left out of the global statistics "
                     "(PrototypeTracker.attach puts them into the result)"
                 )
-            problem = prototype_problem(meta)
-            if problem:
-                self.warning(f"round {round_idx}: the prototypes of {client} are left out of the global statistics: {problem}")
-                meta.pop(PROTOTYPES)
-            metas[client] = meta
-        return metas
+        usable, left_out = usable_statistics(metas)
+        for client, why in left_out:
+            self.warning(f"round {round_idx}: {client}: {why}")
+        return usable
 
     def _select(self, client: str, result: FLModel, round_idx: int) -> None:
         """When the result scores the model the client was sent this round better than any before (key_metric),
         that model becomes the client's best (saved atomically at once, so a job that stops keeps it)."""
         if self.key_metric is None:
             return
-        value = (result.metrics or {}).get(self.key_metric)
+        value = result.metrics.get(self.key_metric) if isinstance(result.metrics, Mapping) else None
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
             if round_idx == 0:
                 self.warning(f"{client} reports no number as metrics[{self.key_metric!r}]: no best model is chosen for it")
