@@ -202,6 +202,21 @@ def test_a_component_round_refuses_a_weight_of_another_kind_or_form_by_name(name
     assert_as_without_c(controller, f"c: parameter w {reason}")
 
 
+def test_a_component_round_refuses_a_client_that_lacks_a_key_and_goes_on_with_the_others():
+    """A client that sends fewer keys than the round's others is refused with the key; the others (min_clients of
+    them) are aggregated. Before, the aggregation found different keys and the job stopped."""
+    lacking = client_result("c", params={k: v for k, v in client_result("c").params.items() if k != "v"})
+    assert_as_without_c(two_rounds(lacking), "c: its keys differ from those of the round's other 2 result(s): it lacks ['v']")
+    extra = client_result("c", params={**client_result("c").params, "x": torch.ones(1)})
+    assert_as_without_c(two_rounds(extra), "a difference for keys that were not sent: ['x']")
+
+
+def test_too_few_clients_left_after_a_refusal_stop_the_job_naming_them():
+    controller = two_rounds(client_result("c", params={"w": torch.ones(2)}), min_clients=3)
+    assert controller.panicked.startswith("round 0: only 2 of 3 clients sent a usable result (['a', 'b'])")
+    assert any("the result of c cannot be used: c: its keys differ" in m and "it lacks ['n', 'v']" in m for m in controller.messages)
+
+
 HOSTILE_STATISTICS = {  # c's meta -> the reason, and which of its statistics the exchange still uses
     "class counts that are strings": (
         {CLASS_COUNTS: ["1", "2", "3"]},

@@ -14,7 +14,8 @@ every result), and, for `weighting="samples"`, how much the client trained: its 
 finite, the keys, shapes and kinds of values (float, integer) of the first result of the round, or of the
 `reference` the controller set); a DIFF is refused, since adding it to the wrong base would corrupt the
 model silently (`PersonalizedFedAvg` turns DIFFs into full weights first). Every refusal is a ValueError
-naming the client.
+naming the client. Once the round's results are in, `refuse_disagreeing` refuses those that do not send the
+keys the round's others send.
 
 * `FedAvgAggregator`: the same weighted average for every client.
 * `FedBNAggregator`: FedAvg, with each client's BatchNorm layers (or any `local_keys`) kept at the client.
@@ -35,7 +36,7 @@ from prrfl.algorithms import pfa
 from prrfl.keys import NUM_SAMPLES, NUM_STEPS, PFA_R
 from prrfl.server import aggregation
 from prrfl.server.aggregation import Weighting, add_difference, as_tensors, local_batchnorm_keys
-from prrfl.server.checks import params_problem
+from prrfl.server.checks import params_problem, round_value
 
 __all__ = [
     "NUM_SAMPLES",
@@ -129,6 +130,23 @@ class PerClientAggregator(FLComponent, aggregation.Aggregator):
                 )
             self._num_samples[client] = n
         self._states[client] = params
+
+    def refuse_disagreeing(self) -> dict[str, str]:
+        """Refuse the accepted results whose keys are not those of the round's others (`prrfl.server.checks.round_value`,
+        the most common key set; a tie goes to the larger set). Returns client -> the reason; those clients are dropped."""
+        keys = {c: frozenset(s) for c, s in self._states.items()}
+        common_keys = round_value(keys, rank=len)
+        agreeing = sum(k == common_keys for k in keys.values())
+        reasons = {}
+        for client, sent in keys.items():
+            if sent != common_keys:
+                lacking, more = sorted(common_keys - sent, key=str), sorted(sent - common_keys, key=str)
+                parts = ([f"it lacks {lacking[:5]}"] if lacking else []) + ([f"it also sends {more[:5]}"] if more else [])
+                reasons[client] = f"{client}: its keys differ from those of the round's other {agreeing} result(s): " + "; ".join(parts)
+        for client in reasons:
+            self._states.pop(client)
+            self._num_samples.pop(client, None)
+        return reasons
 
     def aggregate_models(self, round_idx: int, num_rounds: int) -> dict[str, FLModel]:
         """client -> FLModel (FULL) for every accepted client, in the order they were accepted."""

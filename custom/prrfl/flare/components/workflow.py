@@ -237,9 +237,11 @@ class PersonalizedFedAvg(PerClientController):
         return True
 
     def _accept(self, results: Mapping[str, FLModel], round_idx: int) -> list[str]:
-        """The aggregator takes each usable result (as full weights); returns the clients it took."""
+        """The aggregator takes each usable result (as full weights), then refuses those that disagree with the
+        round's others (their keys: `PerClientAggregator.refuse_disagreeing`); returns
+        the clients it kept. Each refused client is named with the reason and keeps its previous model."""
         self.aggregator.reset_stats()
-        accepted = []
+        refused = {}
         for client in sorted(results):
             result = results[client]
             self._select(client, result, round_idx)
@@ -247,10 +249,11 @@ class PersonalizedFedAvg(PerClientController):
                 full = full_weights(result, self.models[client])
                 self.aggregator.accept_model(FLModel(params_type=ParamsType.FULL, params=full, meta=dict(result.meta or {})))
             except (KeyError, ValueError) as e:
-                self.error(f"round {round_idx}: the result of {client} cannot be used: {e}; it keeps its previous model")
-                continue
-            accepted.append(client)
-        return accepted
+                refused[client] = e
+        refused.update(self.aggregator.refuse_disagreeing())
+        for client, why in sorted(refused.items()):
+            self.error(f"round {round_idx}: the result of {client} cannot be used: {why}; it keeps its previous model")
+        return [client for client in sorted(results) if client not in refused]
 
     def _statistics(self, results: Mapping[str, FLModel], accepted: list[str], round_idx: int) -> dict[str, dict[str, Any]]:
         """The accepted clients' metas for the prototype exchange; a client that sent no class counts or
