@@ -17,6 +17,7 @@ from test_federation import federation, started
 from prrfl.flare.components import (
     CLASS_COUNTS,
     NUM_SAMPLES,
+    NUM_STEPS,
     PROTOTYPE_PRESENT,
     PROTOTYPES,
     Answers,
@@ -215,6 +216,35 @@ def test_too_few_clients_left_after_a_refusal_stop_the_job_naming_them():
     controller = two_rounds(client_result("c", params={"w": torch.ones(2)}), min_clients=3)
     assert controller.panicked.startswith("round 0: only 2 of 3 clients sent a usable result (['a', 'b'])")
     assert any("the result of c cannot be used: c: its keys differ" in m and "it lacks ['n', 'v']" in m for m in controller.messages)
+
+
+def steps_result(client: str, steps: int, params_type=ParamsType.DIFF) -> FLModel:
+    """A client that weights its result by FLARE's count of local steps, not by its training-set size."""
+    result = client_result(client, params_type, **{NUM_STEPS: steps})
+    del result.meta[NUM_SAMPLES]
+    return result
+
+
+def test_mixed_weight_units_in_one_round_are_refused_by_name():
+    """Local steps (FLARE's NUM_STEPS_CURRENT_ROUND) among training-set sizes would weigh that client in the wrong
+    unit (~steps/samples of its due): it is refused, naming both units. A round of one unit is aggregated, and
+    so is any round with uniform weights."""
+    reason = (
+        "c: its weight is meta['NUM_STEPS_CURRENT_ROUND'] (local steps) while the round's other 2 result(s) send "
+        "meta['num_samples'] (training-set size)"
+    )
+    assert_as_without_c(two_rounds(steps_result("c", 5)), reason)
+    tie = ScriptedRounds(
+        [Answers(results={"a": client_result("a"), "c": steps_result("c", 5)})], num_rounds=1, aggregator=FedAvgAggregator(), model=INITIAL
+    )
+    tie.run()  # one of each: the training-set size wins the tie, and min_clients=1 goes on with a
+    assert tie.panicked is None and any("the result of c cannot be used: c: its weight is meta['NUM_STEPS" in m for m in tie.messages)
+    only_steps = FedAvgAggregator()
+    for client, n in (("a", 4), ("b", 12)):
+        only_steps.accept_model(steps_result(client, n, ParamsType.FULL))
+    assert only_steps.refuse_disagreeing() == {} and only_steps._num_samples == {"a": 4, "b": 12}
+    uniform = two_rounds(steps_result("c", 5), weighting="uniform")
+    assert uniform.panicked is None and not any("cannot be used" in m for m in uniform.messages)
 
 
 HOSTILE_STATISTICS = {  # c's meta -> the reason, and which of its statistics the exchange still uses

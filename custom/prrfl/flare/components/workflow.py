@@ -238,7 +238,7 @@ class PersonalizedFedAvg(PerClientController):
 
     def _accept(self, results: Mapping[str, FLModel], round_idx: int) -> list[str]:
         """The aggregator takes each usable result (as full weights), then refuses those that disagree with the
-        round's others (their keys: `PerClientAggregator.refuse_disagreeing`); returns
+        round's others (their keys, the unit of their weight: `PerClientAggregator.refuse_disagreeing`); returns
         the clients it kept. Each refused client is named with the reason and keeps its previous model."""
         self.aggregator.reset_stats()
         refused = {}
