@@ -59,6 +59,8 @@ class ServerState:
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> ServerState:
         """A saved state, also one written before a field existed (it takes the field's default)."""
+        if not isinstance(saved, dict):
+            raise ValueError(f"the saved server state is {type(saved).__name__}, not a dict: it is not a state of a prrfl run")
         required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
         lacking = sorted(required - set(saved))
         if lacking:

@@ -17,6 +17,7 @@ against what was sent (a ScriptRunner with params_transfer_type=DIFF); params tr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from torch import nn
 from prrfl.flare.components.aggregators import PerClientAggregator
 from prrfl.flare.components.controller import Answers, PerClientController
 from prrfl.flare.components.prototypes import PrototypeExchange
+from prrfl.flare.places import differences
 from prrfl.keys import CLASS_COUNTS, PROTOTYPES
 from prrfl.server.aggregation import add_difference, as_tensors
 from prrfl.server.checks import params_problem
@@ -59,6 +61,15 @@ def full_weights(result: FLModel, sent: Mapping[str, torch.Tensor]) -> dict[str,
     return add_difference(params, sent)
 
 
+def component_arguments(component: object | None) -> dict[str, Any] | None:
+    """A component's class and constructor arguments (the attributes named like them, as FLARE's job export reads
+    them back); None for no component."""
+    if component is None:
+        return None
+    names = [name for name in inspect.signature(type(component).__init__).parameters if name != "self"]
+    return {"class": type(component).__name__, **{name: getattr(component, name) for name in names if hasattr(component, name)}}
+
+
 class PersonalizedFedAvg(PerClientController):
     """FedAvg's rounds with a `PerClientAggregator`: every client trains and receives a model of its own.
 
@@ -79,7 +90,9 @@ class PersonalizedFedAvg(PerClientController):
     every round, atomically: each client's model, the meta of its next model, its best score, the prototype
     exchange's generator and the next round; "" (default): nothing is saved. resume: continue from the state
     saved there (a re-submitted job goes on at the round after the last completed one; False: a saved state
-    is ignored and overwritten).
+    is ignored and overwritten). The state records its job (`identity`: the model's entries, the aggregator's
+    and the exchange's class and arguments, the task name); a state of another job, or one none of whose
+    clients is connected, is refused when the job starts, in one line naming the file and what differs.
     """
 
     def __init__(
@@ -142,8 +155,8 @@ class PersonalizedFedAvg(PerClientController):
         self.aggregator.set_reference(initial)
         self._initial = initial
         try:
-            first = self._load_state()
-        except (OSError, RuntimeError, KeyError) as e:
+            first = self._load_state(self.sample_clients())
+        except (OSError, RuntimeError, KeyError, ValueError) as e:
             self.panic(f"the job cannot start: {e}")
             return
         if self.run_rounds(first, self.num_rounds, self.task_name):
@@ -153,8 +166,20 @@ class PersonalizedFedAvg(PerClientController):
     def _state_file(self) -> Path:
         return Path(self.state_dir) / STATE_FILE
 
-    def _load_state(self) -> int:
-        """The round to start from: 0, or with resume the round after the last completed one of the saved state."""
+    def identity(self) -> dict[str, Any]:
+        """What a saved state records of its job, compared when a job resumes it: the model's entries (key -> shape
+        and dtype), the aggregator's and the prototype exchange's class and arguments, and the task name.
+        num_rounds, min_clients, num_clients, timeout and key_metric may change from one job of a run to the next."""
+        return {
+            "model": {k: f"{tuple(v.shape)} {v.dtype}" for k, v in self._initial.items()},
+            "aggregator": component_arguments(self.aggregator),
+            "prototypes": component_arguments(self.prototypes),
+            "task_name": self.task_name,
+        }
+
+    def _load_state(self, clients: list[str]) -> int:
+        """The round to start from: 0, or with resume the round after the last completed one of the saved state.
+        ValueError naming the file when the state is another job's, or none of its clients is among `clients`."""
         if not self.resume:
             return 0
         path = self._state_file()
@@ -162,6 +187,15 @@ class PersonalizedFedAvg(PerClientController):
             self.warning(f"resume=True but {path} does not exist: starting at round 0")
             return 0
         saved = load_torch(path)
+        if not isinstance(saved, dict) or not {"next_round", "models", "next_meta", "best"} <= set(saved):
+            raise ValueError(f"cannot resume from {path}: it is not a state saved by {type(self).__name__}")
+        if "identity" not in saved:
+            self.warning(f"{path} does not record the job that saved it: it is resumed without comparing that job with this one")
+        differ = differences(saved.get("identity", self.identity()), self.identity())
+        if saved["models"] and not set(saved["models"]) & set(clients):
+            differ.append(f"its clients {sorted(saved['models'])} are none of this job's {sorted(clients)}")
+        if differ:
+            raise ValueError(f"cannot resume from {path}: it is the state of another job: {'; '.join(differ)}")
         self.models, self.next_meta, self.best = saved["models"], saved["next_meta"], saved["best"]
         if self.prototypes is not None and saved.get("prototypes") is not None:
             self.prototypes.load_state_dict(saved["prototypes"])
@@ -170,6 +204,7 @@ class PersonalizedFedAvg(PerClientController):
 
     def _save_state(self, next_round: int) -> None:
         state = {
+            "identity": self.identity(),
             "next_round": next_round,
             "models": self.models,
             "next_meta": self.next_meta,
