@@ -108,6 +108,14 @@ HOSTILE_UPLOADS = {  # site_result's arguments from the good params -> the reaso
     ),
     "no prototypes": (lambda good: {"method_meta": {}}, "it sends no prototypes, the round's other 2 upload(s) of width 8"),
     "class counts that are strings": (lambda good: {"class_counts": ["1", "2", "3"]}, "class_counts must be 3 non-negative integers"),
+    "counts beyond any integer tensor": (
+        lambda good: {"num_train": 2**64, "class_counts": [2**64, 0, 0]},
+        "num_train must be a non-negative integer, got 18446744073709551616",
+    ),
+    "a prototype beyond any float": (
+        lambda good: {"method_meta": {**PROTOS, PROTOTYPES: [[10**400] * 8] * 3}},
+        "prototypes must be numbers, got an int",
+    ),
     "a summary that is a list": (lambda good: {"summary": [1]}, "its round summary is a list, expected a dict"),
     "a tensor in the summary": (lambda good: {"summary": {"ood": torch.ones(1)}}, "its round summary is not plain data"),
     "a metric that is a string": (
@@ -239,6 +247,8 @@ def test_mixed_weight_units_in_one_round_are_refused_by_name():
     )
     tie.run()  # one of each: the training-set size wins the tie, and min_clients=1 goes on with a
     assert tie.panicked is None and any("the result of c cannot be used: c: its weight is meta['NUM_STEPS" in m for m in tie.messages)
+    huge = client_result("c", **{NUM_SAMPLES: 10**400})  # no float holds it: the weights could not be computed
+    assert_as_without_c(two_rounds(huge), "c: weighting='samples' needs meta['num_samples'] (training-set size)")
     only_steps = FedAvgAggregator()
     for client, n in (("a", 4), ("b", 12)):
         only_steps.accept_model(steps_result(client, n, ParamsType.FULL))
@@ -253,6 +263,7 @@ HOSTILE_STATISTICS = {  # c's meta -> the reason, and which of its statistics th
         "class_counts must be a list of non-negative integers",
         (PROTOTYPES,),
     ),
+    "class counts beyond a long": ({CLASS_COUNTS: [2**64, 0, 0]}, "class_counts must be a list of non-negative integers", (PROTOTYPES,)),
     "prototype rows of strings": ({PROTOTYPES: [["a", "b"]] * 3}, "prototypes must be numbers, got a str", (CLASS_COUNTS,)),
     "presence flags that are numbers": ({PROTOTYPE_PRESENT: [1, 0, 1]}, "prototype_present must be a list of 3 booleans", (CLASS_COUNTS,)),
     "prototypes of another width": ({PROTOTYPES: [[0.1, 0.2, 0.3]] * 3}, "they have 3 dimensions, the round's others 2", (CLASS_COUNTS,)),

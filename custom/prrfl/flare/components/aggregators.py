@@ -38,7 +38,7 @@ from prrfl.algorithms import pfa
 from prrfl.keys import NUM_SAMPLES, NUM_STEPS, PFA_R
 from prrfl.server import aggregation
 from prrfl.server.aggregation import Weighting, add_difference, as_tensors, local_batchnorm_keys
-from prrfl.server.checks import params_problem, round_value
+from prrfl.server.checks import is_count, params_problem, round_value
 
 __all__ = [
     "NUM_SAMPLES",
@@ -63,7 +63,7 @@ def training_amount(meta: Mapping[str, Any]) -> tuple[str, int] | None:
     for key in WEIGHT_UNITS:
         n = meta.get(key)
         if n is not None:
-            return key, n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else -1
+            return key, n if is_count(n) and n > 0 else -1
     return None
 
 
