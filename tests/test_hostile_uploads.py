@@ -12,7 +12,7 @@ import pytest
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from test_components import ScriptedRounds
-from test_federation import federation, started
+from test_federation import federation, reply, started
 
 from prrfl.flare.components import (
     CLASS_COUNTS,
@@ -25,6 +25,7 @@ from prrfl.flare.components import (
     PrototypeExchange,
 )
 from prrfl.flare.workflow import round_answers
+from prrfl.messages import PrepareReply
 from prrfl.server.checks import params_problem, round_value
 
 # what a site sends in place of a float weight -> how the refusal goes on after "parameter <key> "
@@ -130,6 +131,17 @@ def test_a_round_rejects_a_malformed_upload_by_name_and_goes_on_with_the_others(
     hostile, reason = HOSTILE_UPLOADS[name]
     outcome, honest = rounds_with_and_without_c(tiny_task, hostile)
     assert_c_alone_rejected(outcome, honest, reason)
+
+
+@pytest.mark.parametrize("settings", [["a.json"], {"per_site_files": 3}, {"notes": [1, 2]}])
+def test_a_site_whose_answer_to_prepare_holds_unusable_settings_is_left_out_by_name(tiny_task, settings):
+    fed = federation(tiny_task, min_sites=1)
+    replies = {site: reply(tiny_task, site) for site in ("A", "B")}
+    replies["B"] = PrepareReply.from_meta({**replies["B"].to_meta(), "settings": settings})
+    outcome = fed.start(replies, {}, {}, ["A", "B"], run_id="run")
+    assert outcome.stop is None and list(outcome.state.site_counts) == ["A"]
+    (line,) = [text for _, text in outcome.events if text.startswith("B did not report usable statistics or settings (its settings report")]
+    assert line.endswith("; it is left out of this run")
 
 
 def test_a_counter_takes_integers_or_a_privacy_filters_floats_but_not_booleans_or_complex():

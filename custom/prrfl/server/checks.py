@@ -182,6 +182,18 @@ def summary_problem(summary: Any) -> str | None:
     return None
 
 
+def settings_problem(settings: Any) -> str | None:
+    """None when a site's report of the settings it read (its answer to prepare, prrfl.flare.site_config.SettingsReport)
+    is a dict whose `per_site_files` and `notes`, when set, are lists of strings, else a one-line reason."""
+    if not isinstance(settings, Mapping):
+        return f"its settings report is {type_of(settings)}, expected a dict"
+    for name in ("per_site_files", "notes"):
+        values = settings.get(name, [])
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            return f"its settings report's {name} must be a list of strings, got {values!r:.60}"
+    return None
+
+
 NORM_HISTORY = 5  # a site's own rule compares with the median of its last this many accepted update norms
 
 

@@ -24,7 +24,15 @@ from prrfl.config import ConfigError, RunConfig
 from prrfl.keys import PROTOTYPES
 from prrfl.messages import Download, PrepareReply, Upload
 from prrfl.server.aggregation import add_difference
-from prrfl.server.checks import NORM_HISTORY, norm_outliers, round_value, summary_problem, update_norm, upload_problem
+from prrfl.server.checks import (
+    NORM_HISTORY,
+    norm_outliers,
+    round_value,
+    settings_problem,
+    summary_problem,
+    update_norm,
+    upload_problem,
+)
 from prrfl.summary import participation, results_table
 
 if TYPE_CHECKING:
@@ -171,9 +179,9 @@ class Federation:
             events.append(("error", f"{site} cannot take part in this run: {why}"))
         for site in sorted(replies):
             reply = replies[site]
-            problem = task.stats_problem(reply.num_train, reply.class_counts)
+            problem = task.stats_problem(reply.num_train, reply.class_counts) or settings_problem(reply.settings)
             if problem:
-                events.append(("warning", f"{site} did not report usable statistics ({problem}); it is left out of this run"))
+                events.append(("warning", f"{site} did not report usable statistics or settings ({problem}); it is left out of this run"))
                 continue
             counts[site] = reply.class_counts
             cohorts[site] = str(reply.cohort or site)
