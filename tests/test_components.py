@@ -108,10 +108,11 @@ def test_fourier_aggregator_rejects_bad_settings():
 
 
 def tiny(a: float, b: float, bn: float) -> dict[str, torch.Tensor]:
+    """A model's state: float weights and statistics (also from integer arguments), an integer counter."""
     return {
-        "fc.weight": torch.tensor([[a, b]]),
-        "fc.bias": torch.tensor([b]),
-        "bn.running_mean": torch.tensor([bn]),
+        "fc.weight": torch.tensor([[a, b]], dtype=torch.float32),
+        "fc.bias": torch.tensor([b], dtype=torch.float32),
+        "bn.running_mean": torch.tensor([bn], dtype=torch.float32),
         "bn.num_batches_tracked": torch.tensor(int(bn)),
     }
 
@@ -544,6 +545,39 @@ def test_a_resumed_controller_goes_on_where_the_saved_state_ends(tmp_path):
     assert resumed.models["b"]["w"].tolist() == whole.models["b"]["w"].tolist()
     with pytest.raises(ValueError, match="state_dir"):
         controller(answers, resume=True)
+
+
+def test_a_resume_from_another_jobs_state_is_refused_in_one_line_naming_the_file_and_what_differs(tmp_path):
+    """The saved state records its job (the model's entries, the aggregator's and the exchange's arguments, the task
+    name): a job that is not that one, or whose clients are none of the saved ones, stops before sending anything."""
+    answers = [Answers(results={"a": diff("a", [2.0, 0.0]), "b": diff("b", [0.0, 4.0])})]
+
+    def job(model=None, aggregator=None, clients=("c", "a", "b"), **kwargs):
+        controller = ScriptedRounds(
+            answers, num_rounds=1, aggregator=aggregator or FedAvgAggregator("uniform"), model=model or {"w": torch.ones(2)}, **kwargs
+        )
+        controller.sample_clients = lambda num_clients=None: list(clients)
+        controller.run()
+        return controller
+
+    job(state_dir=str(tmp_path))
+    path = tmp_path / "personalized_fedavg_state.pt"
+    refused = f"the job cannot start: cannot resume from {path}: it is the state of another job: "
+    other_model = job({"w": torch.ones(3)}, state_dir=str(tmp_path), resume=True)
+    assert other_model.panicked == refused + "model.w: '(2,) torch.float32' saved, '(3,) torch.float32' now" and other_model.sent == []
+    other_method = job(aggregator=FedBNAggregator("uniform", local_keys=()), state_dir=str(tmp_path), resume=True)
+    assert other_method.panicked == refused + (
+        "aggregator.class: 'FedAvgAggregator' saved, 'FedBNAggregator' now; aggregator.local_keys: absent saved, [] now"
+    )
+    other_clients = job(clients=("x", "y"), state_dir=str(tmp_path), resume=True)
+    assert other_clients.panicked == refused + "its clients ['a', 'b', 'c'] are none of this job's ['x', 'y']"
+    same = job(state_dir=str(tmp_path), resume=True)
+    assert same.panicked is None and same.sent == []  # the saved job: nothing left to train
+    unrecorded = torch.load(path, weights_only=False)
+    del unrecorded["identity"]
+    torch.save(unrecorded, path)
+    older = job({"w": torch.ones(3)}, state_dir=str(tmp_path), resume=True)
+    assert older.panicked is None and any("does not record the job that saved it" in m for m in older.messages)
 
 
 def test_the_recipes_export_names_prrfl_only_on_the_server_and_copies_none_of_it(tmp_path, monkeypatch, example_net):

@@ -85,7 +85,7 @@ def test_start_sums_the_counts_gives_every_site_the_seeds_model_and_leaves_out_b
     for site in ("A", "B"):
         assert all(torch.equal(state.downloads[site].params[k], v) for k, v in expected.items())
     lines = [text for _, text in outcome.events]
-    assert any(line.startswith("C did not report usable statistics (class_counts must be 3 non-negative") for line in lines)
+    assert any(line.startswith("C did not report usable statistics or settings (class_counts must be 3 non-negative") for line in lines)
     assert "D cannot take part in this run: ValueError: no data" in lines
     assert "E cannot take part in this run: no answer to prepare: no result within the deadline (60 s)" in lines
     stopped = federation(tiny_task, min_sites="all").start({"A": a}, {}, {}, ["A", "B"])

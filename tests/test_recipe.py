@@ -311,6 +311,40 @@ def test_prrfl_run_refuses_a_simulator_workspace_another_job_is_running_in_befor
     assert (ws / "server" / "log.txt").read_text() == "the running job's log"  # the simulator never started
 
 
+def test_prrfl_run_refuses_to_resume_another_runs_state_before_the_simulator_starts(tmp_path, capsys, monkeypatch):
+    """A resume from a server state this job cannot continue ends in one line naming the state file and what
+    differs, before the simulator starts (inside it, every site would fail and the command would end on
+    "Simulation failed with return code 2")."""
+    from prrfl.cli import main
+    from prrfl.flare.recipe import recipe_config
+    from prrfl.flare.workflow import STATE_FILE
+    from prrfl.server.federation import ServerState
+    from prrfl.storage import save_torch
+
+    monkeypatch.setattr(PersonalizedRecipe, "run", lambda self, env: pytest.fail("the simulator was started"))
+    state_file = tmp_path / "derm_prr.state" / "server" / "derm_prr" / STATE_FILE
+    sites = [f"site-{i}" for i in (1, 2, 3, 4)]
+    command = ["run", "derm_prr", "--workspace", str(tmp_path), "--resume", "true", "--set", f"data={json.dumps(TINY_DATA)}"]
+
+    def refusal(config: dict, sites: list[str]) -> str:
+        state = ServerState(run_id="0123456789ab", config=config, global_counts=[], site_counts=dict.fromkeys(sites, [1]), downloads={})
+        save_torch(state.to_dict(), state_file)
+        assert main(command) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        return line
+
+    _, other = recipe_config("derm_prr", None, None, None, {"data": TINY_DATA, "seed": 7})
+    assert refusal(other.to_dict(), sites) == (
+        f"prrfl: error: job derm_prr: cannot resume from {state_file}, the state of run 0123456789ab ('derm_prr'): the config "
+        "differs from the saved run's in ['seed'] (seed: 7 saved, 0 now); only num_rounds may change"
+    )
+    _, same = recipe_config("derm_prr", None, None, None, {"data": TINY_DATA})
+    assert refusal(same.to_dict(), ["hospital-a", "hospital-b"]).endswith(
+        f"its sites ['hospital-a', 'hospital-b'] are not this job's: 0 of them among its clients {sites}, fewer than min_sites=majority (2)"
+    )
+    assert not (tmp_path / "derm_prr").exists()  # the simulator's workspace was never made
+
+
 @pytest.mark.e2e
 def test_prrfl_run_refuses_a_site_settings_file_the_simulator_would_delete(tmp_path, capsys):
     """A prrfl_site.json put beside local/ in a simulator workspace would be wiped by the simulator before any site

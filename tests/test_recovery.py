@@ -174,6 +174,43 @@ def test_an_unreadable_server_state_falls_back_to_the_previous_round(tmp_path, c
         wf._load_state(tmp_path)
 
 
+def test_a_resume_from_another_runs_state_is_refused_in_one_line_naming_the_file_and_what_differs(tmp_path):
+    """The saved state records its run (its config: run_name, task, method, seed, ...; the sites that prepared their
+    data): a job that is not that run is refused before any site is asked, instead of failing at every site."""
+    clients = ["site-1", "site-2", "site-3"]
+    path = tmp_path / STATE_FILE
+
+    def saved(config=None, sites=clients, next_round=1):
+        state = saved_state(next_round)
+        state.update(config=config or tiny_derm_config().to_dict(), site_counts={s: [1, 0, 0] for s in sites})
+        save_torch(state, path)
+
+    def refusal() -> str:
+        with pytest.raises(ValueError) as refused:
+            workflow(resume=True)._load_state(tmp_path, clients)
+        (line,) = str(refused.value).splitlines()
+        return line
+
+    saved(tiny_derm_config(method="fedavg", run_name="derm_fedavg", seed=3).to_dict())
+    assert refusal() == (
+        f"cannot resume from {path}, the state of run r1 ('derm_fedavg'): the config differs from the saved run's in "
+        "['method', 'run_name', 'seed'] (method: 'fedavg' saved, 'prr' now; run_name: 'derm_fedavg' saved, 'derm_prr' now; "
+        "seed: 3 saved, 0 now); only num_rounds may change"
+    )
+    saved(sites=["hospital-a", "hospital-b", "site-3"])
+    assert refusal() == (
+        f"cannot resume from {path}, the state of run r1 ('derm_prr'): its sites ['hospital-a', 'hospital-b', 'site-3'] are "
+        "not this job's: 1 of them among its clients ['site-1', 'site-2', 'site-3'], fewer than min_sites=majority (2)"
+    )
+    saved({**tiny_derm_config().to_dict(), "num_rounds": 5}, next_round=4)
+    assert refusal().endswith("('derm_prr'): num_rounds=2 but 4 rounds are already completed")
+    save_torch({"models": {}, "next_round": 1}, path)  # a file that is not a prrfl run's state
+    assert refusal().startswith(f"cannot resume from {path}: the saved server state lacks [")
+    saved(sites=["site-1", "site-2", "site-4"])  # the same run, one site gone: a majority is there
+    state = workflow(resume=True)._load_state(tmp_path, clients)
+    assert state.run_id == "r1" and state.next_round == 1
+
+
 def test_a_bad_job_is_refused_when_the_workflow_is_built():
     with pytest.raises(ValueError, match="det_enabled"):
         PersonalizedWorkflow(config={**tiny_derm_config().to_dict(), "method_args": {"det_enabled": "flase"}})

@@ -79,6 +79,25 @@ def set_aside_previous_run(folder: Path) -> Path | None:
     return set_aside(folder, "replaced")
 
 
+def differences(saved: dict[str, Any], now: dict[str, Any], limit: int = 4) -> list[str]:
+    """What differs between what a saved state records of its run and this job, one "key: <saved> saved, <now>
+    now" per differing key in key order (a dict on both sides: per inner key, "key.inner"), the first `limit`
+    of them and "..." for the rest. The checks of a resume name with it what makes a state another run's."""
+
+    def shown(values: dict[str, Any], key: str) -> str:
+        return f"{values[key]!r:.60}" if key in values else "absent"
+
+    found = []
+    for key in sorted(set(saved) | set(now), key=str):
+        if key in saved and key in now and saved[key] == now[key]:
+            continue
+        if isinstance(saved.get(key), dict) and isinstance(now.get(key), dict):
+            found += [f"{key}.{inner}" for inner in differences(saved[key], now[key], limit=len(saved[key]) + len(now[key]))]
+        else:
+            found.append(f"{key}: {shown(saved, key)} saved, {shown(now, key)} now")
+    return found[:limit] + (["..."] if len(found) > limit else [])
+
+
 def lock_file(workspace_root: Path, state_dir: Path, job_id: str | None) -> Path:
     """The lock a running job holds: in the simulator one per simulator workspace (every run there shares
     `<ws>.state/`, and a second simulator run wipes the first one's workspace), in a deployment one per state

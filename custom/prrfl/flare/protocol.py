@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from prrfl.keys import CONFIG, ERROR, NUM_SITES, ROUND, RUN_ID, TASK_PREPARE, TASK_SCORE, TASK_TRAIN
 from prrfl.keys import GLOBAL_CLASS_COUNTS as GLOBAL_COUNTS
 from prrfl.messages import Download, Upload
+from prrfl.server.aggregation import as_tensors
 
 __all__ = [  # the keys are re-exported from their table, prrfl.keys
     "CONFIG",
@@ -80,13 +80,12 @@ def upload_to_model(upload: Upload, summary: dict[str, Any], received: dict[str,
 
 
 def model_to_upload(site: str, model: FLModel) -> Upload:
-    """The site's result as an Upload whose params are still the differences (checked before use).
-    Arrays a privacy filter returned as numpy become tensors again."""
+    """The site's result as an Upload whose params are still the differences (checked before use, as every
+    value of it: prrfl.server.checks). Arrays a privacy filter returned as numpy become tensors again."""
     meta = model.meta or {}
-    params = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for k, v in (model.params or {}).items()}
     return Upload(
         site=site,
-        params=params,
+        params=as_tensors(model.params or {}),
         num_train=meta.get("num_train", -1),
         class_counts=meta.get("class_counts", []),
         meta=meta.get("method", {}),

@@ -32,7 +32,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE
@@ -56,8 +56,13 @@ from prrfl.flare.cross_site import CrossSiteEvaluation
 from prrfl.flare.jobs import JOBS, job_values
 from prrfl.flare.protocol import TASK_TRAIN
 from prrfl.flare.tracking import TRACKING, receiver
-from prrfl.flare.workflow import PersonalizedWorkflow
+from prrfl.flare.workflow import STATE_FILE, PersonalizedWorkflow, resume_refusal
 from prrfl.registry import validate_job
+from prrfl.server.federation import ServerState
+from prrfl.storage import load_torch
+
+if TYPE_CHECKING:
+    from nvflare.recipe import SimEnv
 
 SITE_SCRIPT = Path(__file__).parent / "entry" / "prrfl_site.py"
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -159,7 +164,8 @@ class PersonalizedRecipe(Recipe):
         if not task_request_interval > 0:
             raise ConfigError(f"task_request_interval must be a positive number of seconds, got {task_request_interval!r}")
         fed.to_server({"server": {"task_request_interval": task_request_interval}})
-        fed.to_server(PersonalizedWorkflow(config=self.config.to_dict(), resume=resume, **workflow_args), id="workflow")
+        self.workflow = PersonalizedWorkflow(config=self.config.to_dict(), resume=resume, **workflow_args)
+        fed.to_server(self.workflow, id="workflow")
         if cross_site_eval:
             fed.to_server(CrossSiteEvaluation(), id="cross_site_eval")
         fed.to_server(receiver(tracking, tracking_uri, experiment=self.config.run_name), id="receiver")
@@ -425,6 +431,28 @@ def interrupts() -> Iterator[list[int]]:
         signal.signal(signal.SIGINT, previous)
 
 
+def refuse_another_runs_state(recipe: PersonalizedRecipe, env: SimEnv) -> None:
+    """Before a simulator starts: a resume from a saved server state this job cannot continue (another run's, or
+    too few of its sites among the simulator's: prrfl.flare.workflow.resume_refusal) is refused in one line that
+    names the state file and what differs. Inside the simulator the workflow would refuse it too, but the command
+    would end on the simulator's exit code. An unreadable state is left to the workflow (it falls back to the
+    previous round's or says what to do)."""
+    workflow = recipe.workflow
+    if not workflow.resume:
+        return
+    workspace = Path(env.workspace_root) / recipe.name
+    state_dir = Path(workflow.state_dir or places.simulator_state_root(workspace) / "server" / workflow.cfg.run_name)
+    path = state_dir / STATE_FILE
+    try:
+        state = ServerState.from_dict(load_torch(path)) if path.exists() else None
+    except (OSError, RuntimeError, ValueError):
+        return
+    clients = env.clients or [f"site-{i}" for i in range(1, env.num_clients + 1)]  # the simulator's names
+    refusal = state and resume_refusal(path, state, workflow.cfg, clients)
+    if refusal:
+        raise ConfigError(f"job {recipe.name}: {refusal}")
+
+
 def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -> tuple[str, Path, dict[str, Any]]:
     """Run the recipe on env and wait for the end: (FLARE job status, result folder, the server's
     results.json). A simulator run is over when execute returns; a POC or production job is followed
@@ -446,6 +474,7 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
                 f"job {recipe.name}: {workspace} holds {doomed}, which FLARE's simulator would delete before any site reads "
                 f"it (it keeps only startup/ and local/): move it into {workspace / 'local'}"
             )
+        refuse_another_runs_state(recipe, env)
     try:
         with interrupts() as interrupted:
             run = recipe.run(env)

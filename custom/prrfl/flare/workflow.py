@@ -21,16 +21,17 @@ from nvflare.app_opt.pt.decomposers import TensorDecomposer
 from nvflare.fuel.utils import fobs
 from nvflare.fuel.utils.memory_utils import cleanup_memory
 
-from prrfl.config import ConfigError
+from prrfl.config import ConfigError, RunConfig
 from prrfl.flare import places, sim_race
 from prrfl.flare import protocol as P
 from prrfl.flare.components.controller import Answers, PerClientController
 from prrfl.flare.liveness import AUTO, Deadline
-from prrfl.flare.places import RunLock, WorkspaceBusy
+from prrfl.flare.places import RunLock, WorkspaceBusy, differences
 from prrfl.flare.tracking import publish_cohorts, send_scalars
 from prrfl.messages import PrepareReply
 from prrfl.metrics import nanmean
 from prrfl.registry import build_method, build_task, validate_config
+from prrfl.server.checks import summary_problem
 from prrfl.server.federation import Event, Federation, RoundAnswers, ServerState, new_run_id
 from prrfl.storage import load_torch, save_json, save_text, save_torch, save_torch_keeping_previous, set_aside
 
@@ -42,13 +43,44 @@ RESUME_MODES = (False, True, AUTO)
 
 def resume_problem(saved: dict[str, Any], requested: dict[str, Any], next_round: int) -> str | None:
     """The resume rule: the same config, except that num_rounds may grow (to extend a finished run)
-    but not fall below the rounds already completed. None when the run may resume."""
-    if {**saved, "num_rounds": None} != {**requested, "num_rounds": None}:
+    but not fall below the rounds already completed. None when the run may resume, else what differs."""
+    fixed_saved, fixed_requested = {**saved, "num_rounds": None}, {**requested, "num_rounds": None}
+    if fixed_saved != fixed_requested:
         changed = sorted(k for k in set(saved) | set(requested) if k != "num_rounds" and saved.get(k) != requested.get(k))
-        return f"the config differs from the saved run's in {changed}; only num_rounds may change"
+        return (
+            f"the config differs from the saved run's in {changed} ({'; '.join(differences(fixed_saved, fixed_requested))}); "
+            "only num_rounds may change"
+        )
     if requested["num_rounds"] < next_round:
         return f"num_rounds={requested['num_rounds']} but {next_round} rounds are already completed"
     return None
+
+
+def sites_problem(sites: list[str], clients: list[str], cfg: RunConfig) -> str | None:
+    """None when enough of a saved run's `sites` (those that prepared their data) are among this job's `clients`
+    for its rounds (min_sites), else why not."""
+    here = sorted(set(sites) & set(clients))
+    try:
+        needed = cfg.required_sites(len(sites))
+    except ConfigError as e:
+        return str(e)
+    if len(here) >= needed:
+        return None
+    return (
+        f"its sites {sorted(sites)} are not this job's: {len(here)} of them among its clients {sorted(clients)}, "
+        f"fewer than min_sites={cfg.min_sites} ({needed})"
+    )
+
+
+def resume_refusal(path: Path, state: ServerState, cfg: RunConfig, clients: list[str] | None) -> str | None:
+    """The one line that refuses to resume the run whose state is saved in `path`, None when this job may resume
+    it. The state records its run's identity: the config (run_name, task, method, seed, ...: `resume_problem`)
+    and the sites that prepared their data, enough of which must be this job's `clients` (None: not checked)."""
+    problem = resume_problem(state.config, cfg.to_dict(), state.next_round)
+    problem = problem or (None if clients is None else sites_problem(list(state.site_counts), clients, cfg))
+    if problem is None:
+        return None
+    return f"cannot resume from {path}, the state of run {state.run_id} ('{state.config.get('run_name')}'): {problem}"
 
 
 class PersonalizedWorkflow(PerClientController):
@@ -143,7 +175,7 @@ class PersonalizedWorkflow(PerClientController):
         federation = Federation(cfg, task, method)
         clients = sorted(c.name for c in self.engine.get_clients())
         try:  # a job that cannot start says why, in one line, before any site trains
-            state = self._load_state(state_dir)
+            state = self._load_state(state_dir, clients)
         except (OSError, ValueError, RuntimeError) as e:
             self.panic(f"the job cannot start: {e}")
             return
@@ -164,6 +196,9 @@ class PersonalizedWorkflow(PerClientController):
         absent = sorted(set(state.site_counts) - set(clients))
         if absent:
             self.warning(f"sites of run {state.run_id} not in this job: {absent}; they keep their last download")
+        newcomers = sorted(set(clients) - set(state.site_counts))
+        if newcomers:
+            self.warning(f"clients of this job that are not sites of run {state.run_id}: {newcomers}; they do not take part in it")
         try:
             cfg.required_sites(len(state.site_counts))
         except ConfigError as e:
@@ -255,11 +290,12 @@ class PersonalizedWorkflow(PerClientController):
         summaries = {}
         for site in sites:
             result = answers.results.get(site)
-            why = answers.missing.get(site) if result is None else (result.meta or {}).get(P.ERROR)
+            meta = {} if result is None else result.meta or {}
+            why = answers.missing.get(site) if result is None else meta.get(P.ERROR) or summary_problem(meta.get("summary", {}))
             if why:
                 self.warning(f"{site} did not score the last round's global model: {why}; its best is that of the rounds before")
             else:
-                summaries[site] = result.meta.get("summary", {})
+                summaries[site] = meta.get("summary", {})
         if summaries:
             new = copy.copy(state)
             new.summaries = {**state.summaries, **summaries}
@@ -269,7 +305,8 @@ class PersonalizedWorkflow(PerClientController):
                 self.warning(f"cannot save the server's state with the last round's scores: {e}; the results below hold them")
             self.state = new
             metric = self.federation.task.primary_metric
-            scores = ", ".join(f"{s} {metric}={v['last']['test'][metric]:.1f}" for s, v in sorted(summaries.items()) if v.get("last"))
+            tests = {s: (v.get("last") or {}).get("test", {}) for s, v in sorted(summaries.items())}
+            scores = ", ".join(f"{s} {metric}={test[metric]:.1f}" for s, test in tests.items() if metric in test)
             self.info(f"the last round's global model, test at each site: {scores}")
         return True
 
@@ -308,8 +345,10 @@ class PersonalizedWorkflow(PerClientController):
             )
             return state
 
-    def _load_state(self, state_dir: Path) -> ServerState | None:
-        """The saved state to continue, or None for a new run (resume rules: see __init__)."""
+    def _load_state(self, state_dir: Path, clients: list[str] | None = None) -> ServerState | None:
+        """The saved state to continue, or None for a new run (resume rules: see __init__). ValueError naming the
+        file when it is not a state of a prrfl run, or the state of a run this job cannot continue
+        (`resume_refusal`; with this job's `clients`, also checked against the sites of the saved run)."""
         path = state_dir / STATE_FILE
         if not self.resume:
             if path.exists():
@@ -328,12 +367,16 @@ class PersonalizedWorkflow(PerClientController):
                 )
             self.warning(f"resume=auto: no saved state of run '{self.cfg.run_name}' in {state_dir}; starting a new run")
             return None
-        problem = resume_problem(state["config"], self.cfg.to_dict(), state["next_round"])
-        if problem:
-            raise ValueError(f"cannot resume from {path}: {problem}")
-        state["config"] = self.cfg.to_dict()
-        self.info(f"resuming run {state['run_id']} from {path} at round {state['next_round']}")
-        return ServerState.from_dict(state)
+        try:
+            saved = ServerState.from_dict(state)
+        except ValueError as e:
+            raise ValueError(f"cannot resume from {path}: {e}") from e
+        refusal = resume_refusal(path, saved, self.cfg, clients)
+        if refusal:
+            raise ValueError(refusal)
+        saved.config = self.cfg.to_dict()
+        self.info(f"resuming run {saved.run_id} from {path} at round {saved.next_round}")
+        return saved
 
     def _save_state(self, state: ServerState, state_dir: Path) -> None:
         """Atomically, keeping the previous round's state as the fallback for an unreadable file."""

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from prrfl.algorithms import cpa, det, pfa, prototypes
-from prrfl.keys import PFA_R
+from prrfl.keys import PFA_R, PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.messages import Download, Upload
 from prrfl.methods import prototype_exchange as protos
 from prrfl.methods.base import Method, global_class_counts, proximal_term
@@ -220,7 +220,8 @@ class PRR(Method):
         exchange = PrototypeExchange(std=self.opt.proto_std, std_floor=self.opt.proto_std_floor, seed=self.cfg.seed + 7919)
         if "proto_rng" in server:
             exchange.load_state_dict({"generator": server["proto_rng"]})
-        exchanged = exchange.exchange({u.site: u.meta for u in uploads})
+        # the prototypes only: the federation's class counts are those the sites reported at prepare, never an upload's
+        exchanged = exchange.exchange({u.site: {k: u.meta[k] for k in (PROTOTYPES, PROTOTYPE_PRESENT) if k in u.meta} for u in uploads})
         server["proto_rng"] = exchange.state_dict()["generator"]
         return exchanged
 

@@ -61,9 +61,18 @@ def parameter_distance(a: StateDict, b: StateDict, keys: Sequence[str]) -> float
     return float(sum(((a[k].double() - b[k].double()) ** 2).sum() for k in keys) ** 0.5)
 
 
-def as_tensors(params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Params as torch tensors (a result that went through numpy, e.g. a privacy filter, comes back as arrays)."""
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else torch.as_tensor(v) for k, v in params.items()}
+def as_tensors(params: Any) -> Any:
+    """Params as torch tensors (a result that went through numpy, e.g. a privacy filter, comes back as arrays).
+    What cannot be a tensor (a string, an array of objects) is left as it is, and so are params that are not a
+    dict: the upload checks (prrfl.server.checks.params_problem) refuse them with the key and the reason."""
+    return {k: as_tensor(v) for k, v in params.items()} if isinstance(params, Mapping) else params
+
+
+def as_tensor(value: Any) -> Any:
+    try:
+        return torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        return value
 
 
 def add_difference(difference: Mapping[str, torch.Tensor], sent: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

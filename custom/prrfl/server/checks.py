@@ -1,41 +1,97 @@
 """Server-side checks of a site's upload before it may influence anyone else's model, for prrfl's jobs and
 the FLARE components alike (no FLARE import).
 
-A malformed or poisoned upload (wrong keys or shapes, NaN/Inf, bad counts or prototypes) is
-rejected for the round with a reason; the others are aggregated as usual. So is an upload whose
-update (its difference to what the site was sent) is far larger than the round's others
-(`norm_outliers`): finite but huge weights would otherwise dominate every site's average.
+A malformed or poisoned upload (wrong keys, shapes or dtypes, NaN/Inf, bad counts or prototypes, values
+that are not numbers at all) is rejected for the round with a reason; the others are aggregated as usual.
+So is an upload that disagrees with the round's others on what every upload must share (its keys, the
+width of its prototypes, the unit its weight is counted in: `round_value`), and one whose update (its
+difference to what the site was sent) is far larger than the round's others (`norm_outliers`): finite but
+huge weights would otherwise dominate every site's average. Every check returns its reason; none raises on
+what a site sent.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import sys
+from collections import Counter
+from collections.abc import Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from prrfl.keys import PROTOTYPE_PRESENT, PROTOTYPES
+from prrfl.keys import CLASS_COUNTS, PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.messages import Upload
 
 if TYPE_CHECKING:
     from prrfl.tasks.base import Task
 
+INTEGER_DTYPES = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64}
+V = TypeVar("V", bound=Hashable)
 
-def params_problem(params: Mapping[str, Any], reference: Mapping[str, torch.Tensor], subset: bool = False) -> str | None:
-    """None when `params` are tensors of the `reference`'s keys and shapes, all finite; else a one-line reason.
-    subset: the params may carry only some of the reference's keys (a FLARE client that keeps some at home)."""
+
+def value_kind(tensor: torch.Tensor) -> str:
+    """What a tensor's values are: "floating-point", "integer", "bool", "complex" (or its dtype for another
+    kind). An upload's entry must be of its model entry's kind: float weights cannot be stood for by
+    integers, booleans or complex numbers (whose NaN the finite check would not see)."""
+    dtype = tensor.dtype
+    if dtype.is_complex:
+        return "complex"
+    if dtype.is_floating_point:
+        return "floating-point"
+    if dtype == torch.bool:
+        return "bool"
+    return "integer" if dtype in INTEGER_DTYPES else str(dtype)
+
+
+def accepted_kinds(reference: torch.Tensor) -> tuple[str, ...]:
+    """The kinds of values (`value_kind`) an upload's entry may have for this model entry: its own kind, and for
+    an integer entry (a counter such as num_batches_tracked) floats too, as a privacy filter (FLARE's
+    PercentilePrivacy) returns every difference as floats; the sum is cast back to the entry's dtype."""
+    kind = value_kind(reference)
+    return (kind, "floating-point") if kind == "integer" else (kind,)
+
+
+def type_of(value: Any) -> str:
+    """How a reason names what was sent: "a str", "an int"."""
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def is_number(value: Any) -> bool:
+    """A real number as it travels in a meta (int or float, not a bool) that a float can hold."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, float) or abs(value) <= sys.float_info.max
+
+
+def is_count(value: Any) -> bool:
+    """A non-negative integer (not a bool) that a torch.long can hold."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def params_problem(params: Any, reference: Mapping[str, torch.Tensor], subset: bool = False) -> str | None:
+    """None when `params` are dense tensors of the `reference`'s keys, shapes and kinds of values (`value_kind`),
+    all finite; else a one-line reason. subset: the params may carry only some of the reference's keys (a FLARE
+    client that keeps some at home)."""
+    if not isinstance(params, Mapping):
+        return f"its params are {type_of(params)}, expected a dict of tensors"
     keys, expected = set(params), set(reference)
-    missing, extra = sorted(expected - keys), sorted(keys - expected)
+    missing, extra = sorted(expected - keys, key=str), sorted(keys - expected, key=str)
     if extra or (missing and not subset):
         return f"parameter keys differ from the model's (missing {missing[:5]}, unexpected {extra[:5]})"
     for key in sorted(keys, key=list(reference).index):
         value, ref = params[key], reference[key]
         if not isinstance(value, torch.Tensor):
-            return f"parameter {key} is a {type(value).__name__}, expected a tensor"
+            return f"parameter {key} is {type_of(value)}, expected a tensor"
+        if value.layout != torch.strided or value.is_meta:
+            return f"parameter {key} is a {value.layout} tensor on {value.device.type}, expected a dense tensor holding its values"
         if tuple(value.shape) != tuple(ref.shape):
             return f"parameter {key} has shape {tuple(value.shape)}, expected {tuple(ref.shape)}"
+        if value_kind(value) not in accepted_kinds(ref):
+            return f"parameter {key} is {value.dtype}, expected {' or '.join(accepted_kinds(ref))} values as the model's {ref.dtype}"
         if value.is_floating_point() and not torch.isfinite(value).all():
             return f"parameter {key} holds NaN or Inf"
     return None
@@ -48,24 +104,93 @@ def upload_problem(upload: Upload, reference: dict[str, torch.Tensor], task: Tas
     return problem or prototype_problem(upload.meta, task.num_classes)
 
 
-def prototype_problem(meta: Mapping[str, Any], num_classes: int | None = None) -> str | None:
-    """None when the meta carries no prototypes or well-formed ones (one finite row per class, rows of one
-    length, a presence flag per class; `num_classes` None: as many as the rows), else a one-line reason."""
+def prototype_problem(meta: Any, num_classes: int | None = None) -> str | None:
+    """None when the meta carries no prototypes or well-formed ones (one row of finite numbers per class, rows
+    of one length, a presence flag (bool) per class; `num_classes` None: as many as the rows), else a one-line
+    reason."""
+    if not isinstance(meta, Mapping):
+        return f"its meta is {type_of(meta)}, expected a dict"
     if PROTOTYPES not in meta:
         return None
     protos = meta[PROTOTYPES]
     present = meta.get(PROTOTYPE_PRESENT)
-    if num_classes is None and isinstance(protos, list):
+    if not isinstance(protos, list):
+        return f"prototypes must be a list of rows, one per class, got {type_of(protos)}"
+    odd_row = next((row for row in protos if not isinstance(row, list)), None)
+    if odd_row is not None:
+        return f"prototype rows must be lists of numbers, got {type_of(odd_row)}"
+    if num_classes is None:
         num_classes = len(protos)
-    if not isinstance(protos, list) or len(protos) != num_classes:
+    if len(protos) != num_classes:
         return f"prototypes must have one row per class ({num_classes})"
-    if present is None or len(present) != num_classes:
-        return f"prototype_present must have {num_classes} entries"
-    width = {len(row) for row in protos}
-    if len(width) != 1:
-        return "prototype rows have different lengths"
+    if not isinstance(present, list) or len(present) != num_classes or not all(isinstance(p, bool) for p in present):
+        return f"prototype_present must be a list of {num_classes} booleans"
+    if len({len(row) for row in protos}) != 1 or not protos[0]:
+        return "prototype rows have different lengths (or none)"
+    odd = next((v for row in protos for v in row if not is_number(v)), None)
+    if odd is not None:
+        return f"prototypes must be numbers, got {type_of(odd)} ({odd!r:.40})"
     if any(not math.isfinite(v) for row in protos for v in row):
         return "prototypes hold NaN or Inf"
+    return None
+
+
+def class_counts_problem(meta: Mapping[str, Any]) -> str | None:
+    """None when the meta carries no class counts or a list of non-negative integers, else a one-line reason."""
+    if CLASS_COUNTS not in meta:
+        return None
+    counts = meta[CLASS_COUNTS]
+    if not isinstance(counts, list) or not counts or not all(is_count(c) for c in counts):
+        return f"class_counts must be a list of non-negative integers, got {counts!r:.60}"
+    return None
+
+
+def round_value(values: Mapping[str, V], rank: Callable[[V], Any] = lambda value: 0) -> V | None:
+    """What the round's uploads must agree on (their keys, their prototypes' width, the unit of their weight),
+    as the most common of `values` (site -> its value); a tie goes to the highest `rank`, then to the value of
+    the first site. The sites whose value differs are refused: with 3 sites or more one odd site cannot
+    impose its value on the others; with 2 that disagree the tie's rule decides. None when `values` is empty."""
+    counts = Counter(values.values())
+    return max(counts, key=lambda value: (counts[value], rank(value)), default=None)
+
+
+def summary_problem(summary: Any) -> str | None:
+    """None when a site's round summary is what the server logs, tracks and saves: a dict of plain data (as
+    JSON holds it) whose `best` and `last` records, when set, are dicts with numbers as their valid and test
+    metrics and an integer `epochs_done`, and whose `download_drop` is a number or None; else a one-line reason."""
+    if not isinstance(summary, Mapping):
+        return f"its round summary is {type_of(summary)}, expected a dict"
+    try:
+        json.dumps(summary, sort_keys=True, allow_nan=True)
+    except (TypeError, ValueError, RecursionError) as e:
+        return f"its round summary is not plain data ({str(e)[:80]})"
+    for name in ("best", "last"):
+        record = summary.get(name)
+        if record is None:
+            continue
+        if not isinstance(record, Mapping):
+            return f"summary[{name!r}] is {type_of(record)}, expected a dict"
+        for split in ("valid", "test"):
+            scores = record.get(split, {})
+            if not isinstance(scores, Mapping) or not all(is_number(v) for v in scores.values()):
+                return f"summary[{name!r}][{split!r}] must map metric names to numbers"
+        if "epochs_done" in record and not is_count(record["epochs_done"]):
+            return f"summary[{name!r}]['epochs_done'] must be a non-negative integer, got {record['epochs_done']!r:.40}"
+    drop = summary.get("download_drop")
+    if drop is not None and not is_number(drop):
+        return f"summary['download_drop'] must be a number or null, got {drop!r:.40}"
+    return None
+
+
+def settings_problem(settings: Any) -> str | None:
+    """None when a site's report of the settings it read (its answer to prepare, prrfl.flare.site_config.SettingsReport)
+    is a dict whose `per_site_files` and `notes`, when set, are lists of strings, else a one-line reason."""
+    if not isinstance(settings, Mapping):
+        return f"its settings report is {type_of(settings)}, expected a dict"
+    for name in ("per_site_files", "notes"):
+        values = settings.get(name, [])
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            return f"its settings report's {name} must be a list of strings, got {values!r:.60}"
     return None
 
 

@@ -21,9 +21,18 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import torch
 
 from prrfl.config import ConfigError, RunConfig
+from prrfl.keys import PROTOTYPES
 from prrfl.messages import Download, PrepareReply, Upload
 from prrfl.server.aggregation import add_difference
-from prrfl.server.checks import NORM_HISTORY, norm_outliers, update_norm, upload_problem
+from prrfl.server.checks import (
+    NORM_HISTORY,
+    norm_outliers,
+    round_value,
+    settings_problem,
+    summary_problem,
+    update_norm,
+    upload_problem,
+)
 from prrfl.summary import participation, results_table
 
 if TYPE_CHECKING:
@@ -58,6 +67,8 @@ class ServerState:
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> ServerState:
         """A saved state, also one written before a field existed (it takes the field's default)."""
+        if not isinstance(saved, dict):
+            raise ValueError(f"the saved server state is {type(saved).__name__}, not a dict: it is not a state of a prrfl run")
         required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
         lacking = sorted(required - set(saved))
         if lacking:
@@ -115,6 +126,21 @@ def add_to_sent(upload: Upload, sent: dict[str, torch.Tensor]) -> Upload:
     return Upload(upload.site, add_difference(upload.params, sent), upload.num_train, upload.class_counts, upload.meta)
 
 
+def prototype_width_outliers(uploads: dict[str, Upload]) -> dict[str, str]:
+    """The well-formed uploads whose prototypes are not those of the round (`round_value`: the most common
+    width, no prototypes counting as width 0; a tie goes to sending some), each with the reason: the method
+    stacks the sites' prototypes, which needs one width, and a site of a method that exchanges them must send them."""
+    widths = {site: len(u.meta[PROTOTYPES][0]) if PROTOTYPES in u.meta else 0 for site, u in uploads.items()}
+    common = round_value(widths, rank=lambda width: width > 0)
+    others = sum(width == common for width in widths.values())
+    return {
+        site: (f"it sends prototypes of width {width}" if width else "it sends no prototypes")
+        + f", the round's other {others} upload(s) {f'of width {common}' if common else 'none'}"
+        for site, width in widths.items()
+        if width != common
+    }
+
+
 def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -153,9 +179,9 @@ class Federation:
             events.append(("error", f"{site} cannot take part in this run: {why}"))
         for site in sorted(replies):
             reply = replies[site]
-            problem = task.stats_problem(reply.num_train, reply.class_counts)
+            problem = task.stats_problem(reply.num_train, reply.class_counts) or settings_problem(reply.settings)
             if problem:
-                events.append(("warning", f"{site} did not report usable statistics ({problem}); it is left out of this run"))
+                events.append(("warning", f"{site} did not report usable statistics or settings ({problem}); it is left out of this run"))
                 continue
             counts[site] = reply.class_counts
             cohorts[site] = str(reply.cohort or site)
@@ -240,10 +266,14 @@ class Federation:
         checked: dict[str, Upload] = {}
         for site in self.in_cohort_order(state, answers.uploads):
             problem = upload_problem(answers.uploads[site], self.reference(), self.task)  # on the difference, before use
+            problem = problem or summary_problem(answers.summaries.get(site, {}))
             if problem:
                 rejected[site] = problem
             else:
                 checked[site] = answers.uploads[site]
+        for site, problem in prototype_width_outliers(checked).items():
+            rejected[site] = problem
+            del checked[site]
         norms = {site: update_norm(upload.params) for site, upload in checked.items()}
         events.append(("info", f"round {round_idx}: update norms " + ", ".join(f"{s} {n:.3g}" for s, n in norms.items())))
         for site, problem in norm_outliers(norms, cfg.update_norm_ratio, state.update_norms, cfg.update_norm_max).items():

@@ -18,6 +18,7 @@ import torch
 
 from prrfl.algorithms.prototypes import STD_KINDS, StdKind, sample_global_prototypes
 from prrfl.keys import CLASS_COUNTS, GLOBAL_CLASS_COUNTS, GLOBAL_PROTOTYPE_PRESENT, GLOBAL_PROTOTYPES, PROTOTYPE_PRESENT, PROTOTYPES
+from prrfl.server.checks import class_counts_problem, prototype_problem, round_value
 
 
 def site_prototypes(metas: Sequence[Mapping[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,6 +26,39 @@ def site_prototypes(metas: Sequence[Mapping[str, Any]]) -> tuple[torch.Tensor, t
     protos = torch.stack([torch.as_tensor(m[PROTOTYPES], dtype=torch.float64) for m in metas])
     present = torch.stack([torch.as_tensor(m[PROTOTYPE_PRESENT], dtype=torch.bool) for m in metas])
     return protos, present
+
+
+def usable_statistics(metas: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
+    """The sites' metas with only the class counts and prototypes an exchange can use, and (site, why something
+    of it was left out) for the others: malformed ones (prrfl.server.checks), and those of another number of
+    classes, or prototypes of another width, than the round's others (`round_value`, the most common)."""
+    usable = {site: dict(meta) for site, meta in metas.items()}
+    left_out: list[tuple[str, str]] = []
+
+    def drop(site: str, keys: tuple[str, ...], why: str) -> None:
+        sent = [key for key in keys if key in usable[site]]
+        for key in sent:
+            del usable[site][key]
+        left_out.append((site, f"its {' and '.join(sent)} are left out of the global statistics: {why}"))
+
+    for site, meta in usable.items():
+        problem = class_counts_problem(meta)
+        if problem:
+            drop(site, (CLASS_COUNTS,), problem)
+        problem = prototype_problem(meta, len(meta[CLASS_COUNTS]) if CLASS_COUNTS in meta else None)
+        if problem:
+            drop(site, (PROTOTYPES,), problem)
+    classes = {
+        s: len(m[CLASS_COUNTS] if CLASS_COUNTS in m else m[PROTOTYPES]) for s, m in usable.items() if CLASS_COUNTS in m or PROTOTYPES in m
+    }
+    common = round_value(classes)
+    for site in [s for s, n in classes.items() if n != common]:
+        drop(site, (CLASS_COUNTS, PROTOTYPES), f"they count {classes[site]} classes, the round's others {common}")
+    widths = {s: len(m[PROTOTYPES][0]) for s, m in usable.items() if PROTOTYPES in m}
+    common = round_value(widths)
+    for site in [s for s, width in widths.items() if width != common]:
+        drop(site, (PROTOTYPES,), f"they have {widths[site]} dimensions, the round's others {common}")
+    return usable, left_out
 
 
 def download_meta(global_protos: torch.Tensor, global_present: torch.Tensor) -> dict[str, Any]:

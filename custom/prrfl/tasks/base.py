@@ -21,6 +21,7 @@ import torch
 
 from prrfl.config import config_error
 from prrfl.data.manifest import MANIFEST_NAME
+from prrfl.server.checks import is_count
 
 
 @dataclass
@@ -245,15 +246,11 @@ class Task:
 
     def stats_problem(self, num_train: Any, class_counts: Any) -> str | None:
         """None when a site's reported statistics are consistent, else a one-line reason (server side)."""
-        if not isinstance(num_train, int) or isinstance(num_train, bool) or num_train < 0:
-            return f"num_train must be a non-negative integer, got {num_train!r}"
+        if not is_count(num_train):
+            return f"num_train must be a non-negative integer, got {num_train!r:.60}"
         counts = class_counts
-        if (
-            not isinstance(counts, list)
-            or len(counts) != self.num_classes
-            or any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in counts)
-        ):
-            return f"class_counts must be {self.num_classes} non-negative integers, got {counts!r}"
+        if not isinstance(counts, list) or len(counts) != self.num_classes or not all(is_count(c) for c in counts):
+            return f"class_counts must be {self.num_classes} non-negative integers, got {counts!r:.200}"
         units = self.units_per_sample()
         if sum(counts) != num_train * units:
             return f"class_counts sum to {sum(counts)}, expected num_train {num_train} x {units} per sample = {num_train * units}"

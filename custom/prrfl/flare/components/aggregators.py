@@ -11,9 +11,13 @@ shares, as torch tensors (numpy arrays are turned into tensors), `meta["client_n
 every result), and, for `weighting="samples"`, how much the client trained: its training-set size in
 `meta[NUM_SAMPLES]` or, as FLARE's FedAvg reads it, its local steps in `meta[NUM_STEPS]`
 ("NUM_STEPS_CURRENT_ROUND"). A result is checked before it is kept (`prrfl.server.checks.params_problem`:
-finite, the keys and shapes of the first result of the round, or of the `reference` the controller set);
-a DIFF is refused, since adding it to the wrong base would corrupt the model silently (`PersonalizedFedAvg`
-turns DIFFs into full weights first). Every refusal is a ValueError naming the client.
+finite, the keys, shapes and kinds of values (float, integer) of the first result of the round, or of the
+`reference` the controller set); a DIFF is refused, since adding it to the wrong base would corrupt the
+model silently (`PersonalizedFedAvg` turns DIFFs into full weights first). Every refusal is a ValueError
+naming the client. Once the round's results are in, `refuse_disagreeing` refuses those that do not send the
+keys the round's others send, or (weighting="samples") count their weight in the other unit: a client that
+sends its local steps among clients that send their training-set size would weigh ~steps/samples as much
+as it should.
 
 * `FedAvgAggregator`: the same weighted average for every client.
 * `FedBNAggregator`: FedAvg, with each client's BatchNorm layers (or any `local_keys`) kept at the client.
@@ -34,7 +38,7 @@ from prrfl.algorithms import pfa
 from prrfl.keys import NUM_SAMPLES, NUM_STEPS, PFA_R
 from prrfl.server import aggregation
 from prrfl.server.aggregation import Weighting, add_difference, as_tensors, local_batchnorm_keys
-from prrfl.server.checks import params_problem
+from prrfl.server.checks import is_count, params_problem, round_value
 
 __all__ = [
     "NUM_SAMPLES",
@@ -50,12 +54,16 @@ __all__ = [
 StateDict = Mapping[str, torch.Tensor]
 
 
-def training_amount(meta: Mapping[str, Any]) -> int | None:
-    """How much a client trained, for weighting="samples": meta[NUM_SAMPLES], else meta[NUM_STEPS]."""
-    for key in (NUM_SAMPLES, NUM_STEPS):
+WEIGHT_UNITS = {NUM_SAMPLES: "training-set size", NUM_STEPS: "local steps"}  # meta key -> what it counts
+
+
+def training_amount(meta: Mapping[str, Any]) -> tuple[str, int] | None:
+    """How much a client trained, for weighting="samples", and the meta key it was read from: meta[NUM_SAMPLES],
+    else meta[NUM_STEPS]; the amount is -1 when it is not a positive integer."""
+    for key in WEIGHT_UNITS:
         n = meta.get(key)
         if n is not None:
-            return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else -1
+            return key, n if is_count(n) and n > 0 else -1
     return None
 
 
@@ -73,6 +81,7 @@ class PerClientAggregator(FLComponent, aggregation.Aggregator):
         aggregation.Aggregator.__init__(self, weighting)
         self._states: dict[str, dict[str, torch.Tensor]] = {}
         self._num_samples: dict[str, int] = {}
+        self._units: dict[str, str] = {}  # client -> the meta key its weight was read from (WEIGHT_UNITS)
         self.reference: dict[str, torch.Tensor] | None = None  # keys and shapes a result must have (set by the controller)
 
     kept_argument: ClassVar[str | None] = None  # the constructor argument naming the keys kept at each client
@@ -120,14 +129,42 @@ class PerClientAggregator(FLComponent, aggregation.Aggregator):
         if problem:
             raise ValueError(f"{client}: {problem}")
         if self.weighting == "samples":
-            n = training_amount(meta)
-            if n is None or n < 0:
+            unit, n = training_amount(meta) or (None, -1)
+            if n < 0:
                 raise ValueError(
                     f"{client}: weighting='samples' needs meta[{NUM_SAMPLES!r}] (training-set size) or meta[{NUM_STEPS!r}] "
-                    f"(local steps), a positive integer; got {meta.get(NUM_SAMPLES, meta.get(NUM_STEPS))!r}"
+                    f"(local steps), a positive integer; got {meta.get(NUM_SAMPLES, meta.get(NUM_STEPS))!r:.60}"
                 )
-            self._num_samples[client] = n
+            self._num_samples[client], self._units[client] = n, unit
         self._states[client] = params
+
+    def refuse_disagreeing(self) -> dict[str, str]:
+        """Refuse the accepted results that disagree with the round's others (`prrfl.server.checks.round_value`,
+        the most common value): their keys (a tie goes to the larger set) and, for weighting="samples", the unit
+        of their weight (a tie goes to NUM_SAMPLES). Returns client -> the reason; those clients are dropped."""
+        keys = {c: frozenset(s) for c, s in self._states.items()}
+        common_keys = round_value(keys, rank=len)
+        common_unit = round_value(self._units, rank=lambda unit: unit == NUM_SAMPLES)
+        agreeing = sum(k == common_keys for k in keys.values())
+        reasons = {}
+        for client, sent in keys.items():
+            if sent != common_keys:
+                lacking, more = sorted(common_keys - sent, key=str), sorted(sent - common_keys, key=str)
+                parts = ([f"it lacks {lacking[:5]}"] if lacking else []) + ([f"it also sends {more[:5]}"] if more else [])
+                reasons[client] = f"{client}: its keys differ from those of the round's other {agreeing} result(s): " + "; ".join(parts)
+        for client, unit in self._units.items():
+            if unit != common_unit and client not in reasons:
+                others = sum(u == common_unit for u in self._units.values())
+                reasons[client] = (
+                    f"{client}: its weight is meta[{unit!r}] ({WEIGHT_UNITS[unit]}) while the round's other {others} result(s) "
+                    f"send meta[{common_unit!r}] ({WEIGHT_UNITS[common_unit]}): counts of two units cannot weigh one average; "
+                    f"send {common_unit!r} as they do"
+                )
+        for client in reasons:
+            self._states.pop(client)
+            self._num_samples.pop(client, None)
+            self._units.pop(client, None)
+        return reasons
 
     def aggregate_models(self, round_idx: int, num_rounds: int) -> dict[str, FLModel]:
         """client -> FLModel (FULL) for every accepted client, in the order they were accepted."""
@@ -147,6 +184,7 @@ class PerClientAggregator(FLComponent, aggregation.Aggregator):
     def reset_stats(self) -> None:
         self._states.clear()
         self._num_samples.clear()
+        self._units.clear()
 
 
 class FedAvgAggregator(PerClientAggregator, aggregation.FedAvg):

@@ -17,6 +17,7 @@ against what was sent (a ScriptRunner with params_transfer_type=DIFF); params tr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,11 @@ from torch import nn
 from prrfl.flare.components.aggregators import PerClientAggregator
 from prrfl.flare.components.controller import Answers, PerClientController
 from prrfl.flare.components.prototypes import PrototypeExchange
+from prrfl.flare.places import differences
 from prrfl.keys import CLASS_COUNTS, PROTOTYPES
 from prrfl.server.aggregation import add_difference, as_tensors
-from prrfl.server.checks import prototype_problem
+from prrfl.server.checks import params_problem
+from prrfl.server.prototypes import usable_statistics
 from prrfl.storage import load_torch, save_torch
 
 MODELS_DIR = "models"  # under the job's run dir on the server: <client>.pt per client
@@ -40,17 +43,31 @@ STATE_FILE = "personalized_fedavg_state.pt"  # in state_dir: what a resumed job 
 
 
 def full_weights(result: FLModel, sent: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A result's params as full weights: FULL as they are, DIFF added to what was `sent` (in its dtype).
-    KeyError for a key that was not sent; ValueError for another params type."""
+    """A result's params as full weights: FULL as they are (the aggregator checks them), DIFF added to what was
+    `sent` (in its dtype) once checked against it. KeyError for a key that was not sent; ValueError for another
+    params type or a difference the checks refuse (prrfl.server.checks.params_problem: not tensors, another
+    shape or kind of values, NaN or Inf)."""
     params = as_tensors(result.params or {})
     if result.params_type in (None, ParamsType.FULL):
         return params
     if result.params_type != ParamsType.DIFF:
         raise ValueError(f"cannot use params of type {result.params_type}")
-    unknown = sorted(set(params) - set(sent))
+    unknown = sorted(set(params) - set(sent), key=str) if isinstance(params, Mapping) else []
     if unknown:
         raise KeyError(f"a difference for keys that were not sent: {unknown[:5]}")
+    problem = params_problem(params, sent, subset=True)
+    if problem:  # named as the aggregator names the client of a refused result
+        raise ValueError(f"{(result.meta or {}).get('client_name', 'the result')}: {problem}")
     return add_difference(params, sent)
+
+
+def component_arguments(component: object | None) -> dict[str, Any] | None:
+    """A component's class and constructor arguments (the attributes named like them, as FLARE's job export reads
+    them back); None for no component."""
+    if component is None:
+        return None
+    names = [name for name in inspect.signature(type(component).__init__).parameters if name != "self"]
+    return {"class": type(component).__name__, **{name: getattr(component, name) for name in names if hasattr(component, name)}}
 
 
 class PersonalizedFedAvg(PerClientController):
@@ -73,7 +90,9 @@ class PersonalizedFedAvg(PerClientController):
     every round, atomically: each client's model, the meta of its next model, its best score, the prototype
     exchange's generator and the next round; "" (default): nothing is saved. resume: continue from the state
     saved there (a re-submitted job goes on at the round after the last completed one; False: a saved state
-    is ignored and overwritten).
+    is ignored and overwritten). The state records its job (`identity`: the model's entries, the aggregator's
+    and the exchange's class and arguments, the task name); a state of another job, or one none of whose
+    clients is connected, is refused when the job starts, in one line naming the file and what differs.
     """
 
     def __init__(
@@ -136,8 +155,8 @@ class PersonalizedFedAvg(PerClientController):
         self.aggregator.set_reference(initial)
         self._initial = initial
         try:
-            first = self._load_state()
-        except (OSError, RuntimeError, KeyError) as e:
+            first = self._load_state(self.sample_clients())
+        except (OSError, RuntimeError, KeyError, ValueError) as e:
             self.panic(f"the job cannot start: {e}")
             return
         if self.run_rounds(first, self.num_rounds, self.task_name):
@@ -147,8 +166,20 @@ class PersonalizedFedAvg(PerClientController):
     def _state_file(self) -> Path:
         return Path(self.state_dir) / STATE_FILE
 
-    def _load_state(self) -> int:
-        """The round to start from: 0, or with resume the round after the last completed one of the saved state."""
+    def identity(self) -> dict[str, Any]:
+        """What a saved state records of its job, compared when a job resumes it: the model's entries (key -> shape
+        and dtype), the aggregator's and the prototype exchange's class and arguments, and the task name.
+        num_rounds, min_clients, num_clients, timeout and key_metric may change from one job of a run to the next."""
+        return {
+            "model": {k: f"{tuple(v.shape)} {v.dtype}" for k, v in self._initial.items()},
+            "aggregator": component_arguments(self.aggregator),
+            "prototypes": component_arguments(self.prototypes),
+            "task_name": self.task_name,
+        }
+
+    def _load_state(self, clients: list[str]) -> int:
+        """The round to start from: 0, or with resume the round after the last completed one of the saved state.
+        ValueError naming the file when the state is another job's, or none of its clients is among `clients`."""
         if not self.resume:
             return 0
         path = self._state_file()
@@ -156,6 +187,15 @@ class PersonalizedFedAvg(PerClientController):
             self.warning(f"resume=True but {path} does not exist: starting at round 0")
             return 0
         saved = load_torch(path)
+        if not isinstance(saved, dict) or not {"next_round", "models", "next_meta", "best"} <= set(saved):
+            raise ValueError(f"cannot resume from {path}: it is not a state saved by {type(self).__name__}")
+        if "identity" not in saved:
+            self.warning(f"{path} does not record the job that saved it: it is resumed without comparing that job with this one")
+        differ = differences(saved.get("identity", self.identity()), self.identity())
+        if saved["models"] and not set(saved["models"]) & set(clients):
+            differ.append(f"its clients {sorted(saved['models'])} are none of this job's {sorted(clients)}")
+        if differ:
+            raise ValueError(f"cannot resume from {path}: it is the state of another job: {'; '.join(differ)}")
         self.models, self.next_meta, self.best = saved["models"], saved["next_meta"], saved["best"]
         if self.prototypes is not None and saved.get("prototypes") is not None:
             self.prototypes.load_state_dict(saved["prototypes"])
@@ -164,6 +204,7 @@ class PersonalizedFedAvg(PerClientController):
 
     def _save_state(self, next_round: int) -> None:
         state = {
+            "identity": self.identity(),
             "next_round": next_round,
             "models": self.models,
             "next_meta": self.next_meta,
@@ -231,9 +272,11 @@ class PersonalizedFedAvg(PerClientController):
         return True
 
     def _accept(self, results: Mapping[str, FLModel], round_idx: int) -> list[str]:
-        """The aggregator takes each usable result (as full weights); returns the clients it took."""
+        """The aggregator takes each usable result (as full weights), then refuses those that disagree with the
+        round's others (their keys, the unit of their weight: `PerClientAggregator.refuse_disagreeing`); returns
+        the clients it kept. Each refused client is named with the reason and keeps its previous model."""
         self.aggregator.reset_stats()
-        accepted = []
+        refused = {}
         for client in sorted(results):
             result = results[client]
             self._select(client, result, round_idx)
@@ -241,36 +284,35 @@ class PersonalizedFedAvg(PerClientController):
                 full = full_weights(result, self.models[client])
                 self.aggregator.accept_model(FLModel(params_type=ParamsType.FULL, params=full, meta=dict(result.meta or {})))
             except (KeyError, ValueError) as e:
-                self.error(f"round {round_idx}: the result of {client} cannot be used: {e}; it keeps its previous model")
-                continue
-            accepted.append(client)
-        return accepted
+                refused[client] = e
+        refused.update(self.aggregator.refuse_disagreeing())
+        for client, why in sorted(refused.items()):
+            self.error(f"round {round_idx}: the result of {client} cannot be used: {why}; it keeps its previous model")
+        return [client for client in sorted(results) if client not in refused]
 
     def _statistics(self, results: Mapping[str, FLModel], accepted: list[str], round_idx: int) -> dict[str, dict[str, Any]]:
         """The accepted clients' metas for the prototype exchange; a client that sent no class counts or
-        prototypes, or malformed prototypes, is named in a warning (and its prototypes left out)."""
-        metas = {}
-        for client in accepted:
-            meta = dict(results[client].meta or {})
+        prototypes, or unusable ones (malformed, or of another number of classes or width than the round's
+        others: `prrfl.server.prototypes.usable_statistics`), is named in a warning and those are left out."""
+        metas = {client: dict(results[client].meta or {}) for client in accepted}
+        for client, meta in metas.items():
             lacking = [key for key in (CLASS_COUNTS, PROTOTYPES) if key not in meta]
             if lacking:
                 self.warning(
                     f"round {round_idx}: {client} sent no {' and no '.join(lacking)}: it is left out of the global statistics "
                     "(PrototypeTracker.attach puts them into the result)"
                 )
-            problem = prototype_problem(meta)
-            if problem:
-                self.warning(f"round {round_idx}: the prototypes of {client} are left out of the global statistics: {problem}")
-                meta.pop(PROTOTYPES)
-            metas[client] = meta
-        return metas
+        usable, left_out = usable_statistics(metas)
+        for client, why in left_out:
+            self.warning(f"round {round_idx}: {client}: {why}")
+        return usable
 
     def _select(self, client: str, result: FLModel, round_idx: int) -> None:
         """When the result scores the model the client was sent this round better than any before (key_metric),
         that model becomes the client's best (saved atomically at once, so a job that stops keeps it)."""
         if self.key_metric is None:
             return
-        value = (result.metrics or {}).get(self.key_metric)
+        value = result.metrics.get(self.key_metric) if isinstance(result.metrics, Mapping) else None
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
             if round_idx == 0:
                 self.warning(f"{client} reports no number as metrics[{self.key_metric!r}]: no best model is chosen for it")
