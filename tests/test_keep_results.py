@@ -253,6 +253,9 @@ def test_a_history_stored_column_wise_reads_back_as_it_was():
     assert json.dumps(kept.records(json.loads(json.dumps(tables))), sort_keys=True) == json.dumps(history, sort_keys=True)
 
 
+BROKEN = {"keys": [[["test"], ["test", "f1"]]], "values": [[[1.0], [2.0]]], "order": [0]}  # "test" both a value and a dict
+
+
 @pytest.mark.parametrize(
     "content, expected",
     [
@@ -262,6 +265,12 @@ def test_a_history_stored_column_wise_reads_back_as_it_was():
         (gzip.compress(b'{"format": "prrfl kept run", "version": 9, "members": {}}'), "version 9"),
         (
             gzip.compress(b'{"format": "prrfl kept run", "version": 1, "members": {"a/results.json": {"history": {"keys": []}}}}'),
+            "column-wise",
+        ),
+        (
+            gzip.compress(
+                json.dumps({"format": "prrfl kept run", "version": 1, "members": {"a/results.json": {"history": BROKEN}}}).encode()
+            ),
             "column-wise",
         ),
     ],

@@ -117,7 +117,7 @@ def decode(blob: bytes, where: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(gzip.decompress(blob))
     except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{where}: not a kept run (expected gzip-compressed JSON; {e}); keep the run again") from e
+        raise ValueError(f"{where}: not a kept run (expected gzip-compressed JSON; truncated or corrupt? {e})") from e
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("members"), dict):
         raise ValueError(f"{where}: not a kept run (expected a JSON object with format '{FORMAT}' and its 'members')")
     if data.get("version") != VERSION:
@@ -134,6 +134,6 @@ def member(members: dict[str, Any], name: str, where: str | Path) -> Any:
     if isinstance(data, dict) and isinstance(data.get("history"), dict):
         try:
             data["history"] = records(data["history"])
-        except (KeyError, TypeError, ValueError, IndexError, StopIteration) as e:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, StopIteration) as e:
             raise ValueError(f"{where}: {name}: history is not a column-wise table (keys, values, order): {e!r}") from e
     return data

@@ -179,7 +179,8 @@ def kept_member(path: str | Path) -> tuple[Path, str] | None:
 
 
 def kept_members(run: str | Path) -> dict[str, Any]:
-    """The files of a kept run, as stored (read once while the file is unchanged; `kept.member` gives one)."""
+    """The files of a kept run, as stored (read once while the file is unchanged, and shared: `kept.member` gives a
+    copy of one to use)."""
     stat = Path(run).stat()
     return _decoded(str(run), stat.st_mtime_ns, stat.st_size)
 
