@@ -2,8 +2,8 @@
 # The bench, one (method, seed) run at a time, so that it can be spread over days and machines: each run is a
 # `prrfl sweep --profile bench` of its own (5 local epochs a round, 12 rounds on dermoscopy and 6 on prostate, every
 # method alike; the BENCH profiles of prrfl.tasks.derm.task and prrfl.tasks.prostate.task); after it finishes, its slim results
-# (benchmarks/keep_results.py: results.json, crosseval.json, the .done.json marker; no models) are copied into
-# docs/results/<plan folder>/<task>, and a run whose marker is there already is skipped.
+# (benchmarks/keep_results.py: one <run>.kept.json.gz with its results.json, crosseval.json and done marker; no models)
+# are kept in docs/results/<plan folder>/<task>, and a run kept there already is skipped.
 #
 # PLAN=heldout (default; docs/results/heldout): the held-out bench on the calibrated federations (docs/calibration.md),
 # at each task's default data: every method of TMI Tables II and III (FedAvg, FedProx, SiloBN, IDA, FedBN, FedProto,
@@ -55,33 +55,34 @@ if [ "$plan_folder" = bench ] && [ "${REPORTS_ONLY:-0}" != 1 ]; then
   exit 2
 fi
 
+kept=.kept.json.gz  # a kept run: <run>.kept.json.gz (benchmarks/keep_results.py), finished runs only
 reports() {  # each folder's report from every run kept so far (a sweep's own report covers its own runs)
   local r=$results/$plan_folder task
   if [ "$plan_folder" = heldout ]; then
     for task in $tasks; do
-      local markers=("$r/$task"/*_s[0-9].done.json "$calibration/${task}_shift$(default_shift "$task")"/*_s[0-9].done.json) runs=() m
-      for m in "${markers[@]}"; do [ -f "$m" ] && runs+=("${m%.done.json}"); done  # finished runs only
+      local found=("$r/$task"/*_s[0-9]$kept "$calibration/${task}_shift$(default_shift "$task")"/*_s[0-9]$kept) runs=() m
+      for m in "${found[@]}"; do [ -f "$m" ] && runs+=("$m"); done
       [ "${#runs[@]}" -gt 0 ] || continue
       prrfl report "${runs[@]}" --reference prr --out "$r/$task/report" > /dev/null
     done
-    ls -d "$r"/derm_ablation/*/prr_s[0-9] > /dev/null 2>&1 &&
-      prrfl report "$r"/derm/prr_s[0-9] "$r"/derm_ablation/*/prr_s[0-9] --out "$r"/derm_ablation/report > /dev/null
+    ls "$r"/derm_ablation/*/prr_s[0-9]$kept > /dev/null 2>&1 &&
+      prrfl report "$r"/derm/prr_s[0-9]$kept "$r"/derm_ablation/*/prr_s[0-9]$kept --out "$r"/derm_ablation/report > /dev/null
     return 0
   fi
-  ls -d "$r"/derm/*_s[0-9] > /dev/null 2>&1 && prrfl report "$r"/derm/*_s[0-9] --out "$r"/derm/report > /dev/null
-  ls -d "$r"/prostate/*_s[0-9] > /dev/null 2>&1 &&
-    prrfl report "$r"/prostate/*_s[0-9] $(ls -d "$r"/prostate_rescue/*_s[0-9] 2> /dev/null) --out "$r"/prostate/report > /dev/null
-  ls -d "$r"/prostate_ablation/*/prr_s[0-9] > /dev/null 2>&1 &&
-    prrfl report "$r"/prostate/prr_s[0-9] "$r"/prostate_ablation/*/prr_s[0-9] --out "$r"/prostate_ablation/report > /dev/null
-  ls -d "$r"/derm_ablation/*/prr_s[0-9] > /dev/null 2>&1 &&
-    prrfl report "$r"/derm/prr_s[0-9] "$r"/derm_ablation/*/prr_s[0-9] --out "$r"/derm_ablation/report > /dev/null
+  ls "$r"/derm/*_s[0-9]$kept > /dev/null 2>&1 && prrfl report "$r"/derm/*_s[0-9]$kept --out "$r"/derm/report > /dev/null
+  ls "$r"/prostate/*_s[0-9]$kept > /dev/null 2>&1 &&
+    prrfl report "$r"/prostate/*_s[0-9]$kept $(ls "$r"/prostate_rescue/*_s[0-9]$kept 2> /dev/null) --out "$r"/prostate/report > /dev/null
+  ls "$r"/prostate_ablation/*/prr_s[0-9]$kept > /dev/null 2>&1 &&
+    prrfl report "$r"/prostate/prr_s[0-9]$kept "$r"/prostate_ablation/*/prr_s[0-9]$kept --out "$r"/prostate_ablation/report > /dev/null
+  ls "$r"/derm_ablation/*/prr_s[0-9]$kept > /dev/null 2>&1 &&
+    prrfl report "$r"/derm/prr_s[0-9]$kept "$r"/derm_ablation/*/prr_s[0-9]$kept --out "$r"/derm_ablation/report > /dev/null
   return 0
 }
 
 declare -A shifts=()
 default_shift() {  # a task's default data.synthetic_shift, as its calibration folder names it (read once per task)
   [ -n "${shifts[$1]:-}" ] ||
-    shifts[$1]=$(python -c "from prrfl.tasks.${1} import DEFAULT_DATA; print(f\"{DEFAULT_DATA['synthetic_shift']:g}\")")
+    shifts[$1]=$(python -c "from prrfl.tasks.${1}.task import DEFAULT_DATA; print(f\"{DEFAULT_DATA['synthetic_shift']:g}\")")
   echo "${shifts[$1]}"
 }
 
@@ -109,14 +110,14 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $method "* ]]; then return 0; fi
   local settings=() arg
   for arg in "$@"; do [ "$arg" != --set ] && settings+=("$arg"); done
-  if [ -f "$dst/$name.done.json" ] && python benchmarks/kept_run_matches.py "$dst/$name.done.json" "$task" "$method" "$seed" "${settings[@]}"; then
+  if [ -f "$dst/$name$kept" ] && python benchmarks/kept_run_matches.py "$dst/$name$kept" "$task" "$method" "$seed" "${settings[@]}"; then
     echo "$folder $name: kept already, skipped"
     return 0
   fi
   local cal=""  # a baseline's calibration run at the task's default shift counts as its bench run
   [[ " $baselines " == *" $method "* ]] && cal=$calibration/${task}_shift$(default_shift "$task")
-  if [ -n "$cal" ] && [ -f "$cal/$name.done.json" ] &&
-    python benchmarks/kept_run_matches.py "$cal/$name.done.json" "$task" "$method" "$seed" "${settings[@]}"; then
+  if [ -n "$cal" ] && [ -f "$cal/$name$kept" ] &&
+    python benchmarks/kept_run_matches.py "$cal/$name$kept" "$task" "$method" "$seed" "${settings[@]}"; then
     echo "$folder $name: kept by the calibration, skipped"
     return 0
   fi
@@ -127,7 +128,7 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
     return 0
   fi
   mkdir -p "$dst" "$ws"
-  python benchmarks/keep_results.py "$dst" "$ws" > /dev/null  # the finished runs, so the report covers them
+  python benchmarks/keep_results.py --unpack "$dst" "$ws" > /dev/null  # the finished runs, so the report covers them
   if attempts "$task" "$sites" "$seed" "$method" "$folder" "$ws" "$dst" "$@"; then
     reports
     failed_in_a_row=0

@@ -1,8 +1,8 @@
 """Every kept calibration run in one table per task, and the gaps the calibration targets (docs/calibration.md).
 
-Reads <root>/<device>/<task>_shift<s>/<method>_s<seed>/ as benchmarks/keep_results.py keeps a sweep of
-benchmarks/shift_grid.sh (plain or gzip-compressed results.json), and prints, per task: each run's test metric of
-the papers' tables (F1; Dice per slice) at every site's best validation round and their mean, with the commit the
+Reads <root>/<device>/<task>_shift<s>/<method>_s<seed>.kept.json.gz as benchmarks/keep_results.py keeps a sweep
+of benchmarks/shift_grid.sh (or the run folders <method>_s<seed>/ of a sweep), and prints, per task: each run's test
+metric of the papers' tables (F1; Dice per slice) at every site's best validation round and their mean, with the commit the
 run was made with and the model it reports ("global": the global model as each site receives it, every round's
 aggregate scored; "global, last unscored": the same before the last round's aggregate was scored too; "trained": the
 site's model after its local epochs, the protocol of runs made before `report_global_model` existed); then, per
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import scipy.stats
 
-from prrfl.storage import find_json, load_json
+from prrfl.kept import done_marker, run_name
+from prrfl.storage import existing_json, find_json, load_json
 
 METRIC = {"derm": "f1", "prostate": "slice_dice"}
 # TMI 2022 Tables II and III: each baseline's mean minus FedAvg's (FedAvg: dermoscopy 51.64 F1, prostate 69.11 Dice)
@@ -43,7 +44,7 @@ def runs(root: Path) -> list[dict]:
         if server.parent.name != "simulate_job":
             continue
         run_dir = server.parents[2]
-        run, folder = RUN.match(run_dir.name), FOLDER.match(run_dir.parent.name)
+        run, folder = RUN.match(run_name(run_dir)), FOLDER.match(run_dir.parent.name)
         if not (run and folder):
             continue
         task = folder["task"]
@@ -64,7 +65,7 @@ def runs(root: Path) -> list[dict]:
                 "reports": reported(first),
                 "sites": scores,
                 "mean": sum(scores.values()) / len(scores) if scores else float("nan"),
-                "done": (run_dir.parent / f"{run_dir.name}.done.json").is_file(),
+                "done": existing_json(done_marker(run_dir)) is not None,
             }
         )
     return sorted(found, key=lambda r: (r["task"], r["reports"], r["device"], str(r["rounds"]), r["shift"], r["seed"], r["method"]))

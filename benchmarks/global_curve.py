@@ -5,10 +5,10 @@ docs/calibration.md fixes before reading any long run: smooth the curve over 3 a
 the ends) and take the first aggregate whose smoothed value is within `--within` points of the curve's smoothed
 maximum; the schedule needs that aggregate's index + 1 rounds.
 
-    python benchmarks/global_curve.py docs/results/calibration/global_every_round/cpu/derm_shift1/*_s[0-9]
+    python benchmarks/global_curve.py docs/results/calibration/global_every_round/cpu/derm_shift1/*_s[0-9].kept.json.gz
     python benchmarks/global_curve.py <sweep>/fedavg_s0 --rounds-rule --within 2
 
-Reads every site's results.json (plain or gzip-compressed) under each run folder.
+Reads every site's results.json of each run: a kept run (benchmarks/keep_results.py) or a run's folder.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def rounds_needed(values: list[float], within: float) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="kept run folders (<method>_s<seed>)")
+    ap.add_argument("runs", nargs="+", type=Path, help="kept runs (<method>_s<seed>.kept.json.gz) or run folders")
     ap.add_argument("--rounds-rule", action="store_true", help="print the rounds the rule asks for")
     ap.add_argument("--within", type=float, default=2.0, help="points below the smoothed maximum (default 2)")
     args = ap.parse_args(argv)

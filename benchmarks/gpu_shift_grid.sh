@@ -9,8 +9,8 @@
 #   SHIFTS="1 2 3" TASKS=derm METHODS=fedavg,fedbn,silobn WORKERS=5 LIMIT=480 bash benchmarks/gpu_shift_grid.sh <work> <out>
 #   SEEDS="0 1 2" EACH_SEED=1 SHIFTS=1 TASKS=derm EXTRA="--set num_rounds=12" bash benchmarks/gpu_shift_grid.sh <work> <out>
 #
-# <out>/<task>_shift<s>/<method>_s<seed> then reads as docs/results/calibration/<device>/... does
-# (benchmarks/calibration_table.py); a run without its .done.json did not finish.
+# <out>/<task>_shift<s>/<method>_s<seed>.kept.json.gz then reads as docs/results/calibration/<device>/... does
+# (benchmarks/calibration_table.py); only finished runs are kept.
 set -u
 WORK=${1:?usage: gpu_shift_grid.sh <workdir> <out>}
 OUT=${2:?usage: gpu_shift_grid.sh <workdir> <out>}

@@ -7,7 +7,7 @@ site reports the one of the two whose best validation score is higher (P on a ti
 over the seeds, and the paired test of the chosen model's scores against P's over the (site, seed) pairs (the
 report's test).
 
-    python benchmarks/p_or_d.py docs/results/heldout/prostate/prr_s[0-9]
+    python benchmarks/p_or_d.py docs/results/heldout/prostate/prr_s[0-9].kept.json.gz
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def summary(rows: Sequence[dict]) -> dict[str, list[float]]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", help="kept PRR runs (folders holding its sites' results.json)")
+    parser.add_argument("runs", nargs="+", help="kept PRR runs (<run>.kept.json.gz) or run folders")
     parser.add_argument("--metric", help="the test metric to compare (default: Dice per slice, else the task's primary)")
     args = parser.parse_args(argv)
     metric, rows = readings(find_results(args.runs), args.metric)

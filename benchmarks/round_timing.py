@@ -4,7 +4,8 @@ records in its results.json (train samples/s counts every model of the method: P
     python benchmarks/round_timing.py <folder> [<folder> ...]
 
 A folder is a simulator workspace, a `prrfl sweep` folder or anything holding sites' results files
-(<site>/prrfl/<run>/results.json); each run is printed as one table, then its summary lines.
+(<site>/prrfl/<run>/results.json); each run is printed as one table, then its summary lines. Kept runs
+(benchmarks/keep_results.py, docs/results) leave the timings out.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -69,6 +70,12 @@ def test_the_table_gives_each_baselines_gap_to_fedavg_of_the_same_device_and_shi
     assert "* trained, cpu, 2 rounds, shift 3, seed 0: FedAvg 50.00; fedbn +3.00 (+9.3)" in text
     gaps = text.split("the paper's gap in brackets")[1]
     assert "h100, shift 3" not in gaps and "global, cpu" not in gaps  # no FedAvg of that device or protocol
+    (tmp_path / "cpu/derm_shift3/fedbn_s0.done.json").unlink()  # marked as such in the table
+    text = "\n".join(calibration_table.tables(calibration_table.runs(tmp_path)))
+    assert _benchmark("keep_results").compact(tmp_path) == 4  # each run as one file (benchmarks/keep_results.py)
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file())[0] == "fedavg_s0.kept.json.gz"
+    assert "\n".join(calibration_table.tables(calibration_table.runs(tmp_path))) == text
+    assert "| fedbn (no done marker) |" in text
 
 
 def test_the_table_marks_runs_whose_last_aggregate_was_not_scored_and_reads_gaps_over_seeds(tmp_path):
@@ -98,6 +105,13 @@ def test_the_table_marks_runs_whose_last_aggregate_was_not_scored_and_reads_gaps
     assert "fedbn +6.00 ± 1.41 (n=2; CI ±12.7; +5.2)" in line and "silobn +1.00 ± nan (n=1; CI ±nan; +4.0)" in line
     # the worst site U: 50 - 65 = -15 (FedBN 60) and 54 - 67 = -13 (FedBN 68)
     assert line.endswith("FedAvg's worst site per seed: U -15.0 (FedBN 60.0), U -13.0 (FedBN 68.0)")
+
+
+def _benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _global_curve():
@@ -152,5 +166,10 @@ def test_a_kept_run_counts_for_the_bench_only_with_the_config_the_bench_would_ru
     assert krm.main([str(marker), "prostate", "fedavg", "0"]) == 0
     assert krm.main([str(marker), "prostate", "fedavg", "1"]) == 1  # another seed
     assert krm.main([str(marker), "prostate", "fedavg", "0", "num_rounds=2"]) == 1
+    (tmp_path / "fedavg_s0/server/simulate_job").mkdir(parents=True)
+    (tmp_path / "fedavg_s0/server/simulate_job/results.json").write_text(json.dumps({"run_id": "r", "config": config, "sites": {}}))
+    assert _benchmark("keep_results").compact(tmp_path) == 1
+    assert krm.main([str(tmp_path / "fedavg_s0.kept.json.gz"), "prostate", "fedavg", "0"]) == 0  # the kept run's marker
+    assert krm.main([str(tmp_path / "fedavg_s0.kept.json.gz"), "prostate", "fedavg", "1"]) == 1
     marker.write_text("not json")
     assert krm.main([str(marker), "prostate", "fedavg", "0"]) == 2

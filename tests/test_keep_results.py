@@ -1,16 +1,26 @@
-"""What docs/results keeps of a sweep (benchmarks/keep_results.py): the per-run histories gzip-compressed, read
-back by prrfl's loaders as the plain files; no arrays, models, workspaces or the sweep's own report."""
+"""What docs/results keeps of a sweep (benchmarks/keep_results.py): one file per finished run (prrfl.kept), read by
+`prrfl report` and `prrfl results` as the run's workspace, giving the same tables byte for byte; no arrays, models,
+workspaces or the sweep's own report."""
 
 from __future__ import annotations
 
 import gzip
 import importlib.util
 import json
+import math
+import random
 from pathlib import Path
 
-from prrfl.storage import existing_json, find_json, load_json
+import pytest
+
+from prrfl import kept
+from prrfl.report import RESULTS_GLOB, build_report, find_runs
+from prrfl.storage import existing_json, find_json, kept_members, load_json
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "keep_results.py"
+METRICS = ("f1", "auc", "acc", "bacc", "recall_nv", "recall_bkl", "recall_mel")  # what a dermoscopy evaluation returns
+COHORTS = {"site-1": "A", "site-2": "B", "site-3": "C", "site-4": "D"}
+ROUNDS, EPOCHS = 3, 2
 
 
 def keep_results():
@@ -20,58 +30,262 @@ def keep_results():
     return module
 
 
-def write(path: Path, text: str = "{}") -> Path:
+def write(path: Path, data) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text(data if isinstance(data, str) else json.dumps(data, sort_keys=True, indent=2))
     return path
 
 
-def test_a_kept_sweep_holds_compressed_histories_and_nothing_heavier(tmp_path):
-    sweep, kept = tmp_path / "sweep", tmp_path / "kept"
-    history = json.dumps({"site": "site-1", "best": {"round": 3}, "history": [{"round": 0, "test": {"dice": 71.25}}]})
-    write(sweep / "prr_s0/site-1/prrfl/prostate_prr_s0/results.json", history)
-    write(sweep / "prr_s0/site-1/prrfl/prostate_prr_s0/examples.npz", "arrays")
-    write(sweep / "prr_s0/prrfl/prostate_prr_s0/crosseval.json", '{"run_id": "r1"}')
-    write(sweep / "prr_s0/site-1/prrfl/prostate_prr_s0/best_personal.pt", "model")
-    write(sweep / "prr_s0.done.json", '{"ok": true}')
-    write(sweep / "report/report.md", "# the sweep's own report")
-    write(sweep / "jobs/prostate_prr_s0/meta.json")
+def scores(rng: random.Random) -> dict[str, float]:
+    """Every metric at full float precision, one class's recall undefined (NaN) now and then."""
+    values = {m: rng.uniform(0, 100) for m in METRICS}
+    return values | ({"recall_bkl": math.nan} if rng.random() < 0.2 else {})
+
+
+def site_results(rng: random.Random, method: str, seed: int, site: str) -> dict:
+    """A site's results.json as prrfl.site.state writes it: PRR records its deputy and the shared model beside P;
+    FedAvg reports its global model as received (every aggregate scored on validation), and its trained one per round."""
+    history = []
+    for rnd in range(ROUNDS):
+        if rnd:
+            download = {"kind": "download", "round": rnd, "epochs_done": rnd * EPOCHS, "test": scores(rng), "shared_test": scores(rng)}
+            history.append(download | ({"global_round": rnd - 1, "valid": scores(rng)} if method == "fedavg" else {}))
+        for epoch in range(1, EPOCHS + 1):
+            history.append({"kind": "epoch", "round": rnd, "epochs_done": rnd * EPOCHS + epoch, "test": scores(rng)})
+        record = {"kind": "round", "round": rnd, "epochs_done": (rnd + 1) * EPOCHS, "valid": scores(rng), "test": scores(rng)}
+        record |= {"shared_test": scores(rng), "timing": {"round_seconds": rng.uniform(1, 9), "train_seconds": rng.uniform(1, 9)}}
+        history.append(record | ({"other_models": {"deputy": {"valid": scores(rng), "test": scores(rng)}}} if method == "prr" else {}))
+    rounds = [h for h in history if h["kind"] == "round"]
+    best = max(rounds, key=lambda h: h["valid"]["f1"])
+    return {
+        "site": site,
+        "cohort": COHORTS[site],
+        "task": "derm",
+        "method": method,
+        "method_args": {},
+        "run_name": f"derm_{method}_s{seed}",
+        "run_id": f"{method}{seed}",
+        "seed": seed,
+        "rounds_completed": ROUNDS,
+        "rounds_missed": [],
+        "data_root": None,
+        "state_dir": f"/scratch/{method}_s{seed}.state/{site}",
+        "num_train": 120,
+        "class_counts": [70, 30 + seed, 20],
+        "reported_model": "personal" if method == "prr" else "global",
+        "reported_at": "round" if method == "prr" else "download",
+        "select_from_round": 0,
+        "code_commit": "0123456789abcdef0123456789abcdef01234567",
+        "best": {"round": best["round"], "valid": best["valid"], "test": best["test"]},
+        "last": rounds[-1],
+        "ood": scores(rng),
+        "history": history,
+    }
+
+
+def crosseval(rng: random.Random, method: str, seed: int, flare: bool) -> dict:
+    """The run's crosseval.json (prrfl.crosseval.evaluate_run), or with `flare` the one of FLARE's cross-site evaluation."""
+    protocol = {m: rng.uniform(0, 100) for m in ("bacc", "auc")}
+    common = {"run_id": f"{method}{seed}", "run_name": f"derm_{method}_s{seed}", "task": "derm", "method": method, "seed": seed}
+    common |= {"metrics": ["bacc", "auc"], "cohorts": COHORTS, "specialization": {"values": protocol, "per_site": {}}}
+    common |= {"cross_site": {m: {t: scores(rng) for t in COHORTS} for m in COHORTS}}
+    if flare:
+        models = {
+            s: {"cohort": c, "role": "personal", "round": 1, "weights_sha256": f"{rng.getrandbits(256):064x}"} for s, c in COHORTS.items()
+        }
+        return common | {"evaluated_by": "FLARE cross-site evaluation", "models": models, "errors": {}, "generalization": None}
+    other = {"deputy": {"round": "last", "generalization": {"values": protocol}, "specialization": {"values": protocol}}}
+    general = {"model": "sites", "round": None, "per_site": {}, "values": {m: rng.uniform(0, 100) for m in ("bacc", "auc")}}
+    return common | {
+        "reported_model": "personal",
+        "pooled_test_samples": 90,
+        "generalization": general,
+        "other_models": other if method == "prr" else {},
+    }
+
+
+def write_run(sweep: Path, method: str, seed: int) -> Path:
+    """One finished run of `prrfl sweep` in the simulator: its workspace folder and its done marker beside it."""
+    rng = random.Random(f"{method}{seed}")
+    ws, run_name = sweep / f"{method}_s{seed}", f"derm_{method}_s{seed}"
+    sites = {site: site_results(rng, method, seed, site) for site in COHORTS}
+    for site, results in sites.items():
+        write(ws / site / "prrfl" / run_name / "results.json", results)
+    summaries = {s: {k: r[k] for k in ("best", "last", "ood", "cohort")} for s, r in sites.items()}
+    participation = {"rounds": ROUNDS, "aggregated": list(range(ROUNDS)), "missed": [], "stale": False}
+    summaries = {s: summary | {"download_drop": 1.5, "participation": participation} for s, summary in summaries.items()}
+    config = {"task": "derm", "method": method, "seed": seed, "run_name": run_name, "num_rounds": ROUNDS}
+    write(
+        ws / "server/simulate_job/results.json", {"run_id": f"{method}{seed}", "config": config, "sites": summaries, "global_model": None}
+    )
+    write(ws / "server/simulate_job/crosseval.json", crosseval(rng, method, seed, flare=True))
+    write(ws / "prrfl" / run_name / "crosseval.json", crosseval(rng, method, seed, flare=False))
+    write(sweep / f"{method}_s{seed}.done.json", {"config": config, "sites": len(COHORTS), "simulator_seconds": 321.5})
+    return ws
+
+
+@pytest.fixture
+def sweep(tmp_path) -> Path:
+    """PRR and FedAvg at seeds 0 and 1, as a sweep leaves them, with its jobs, its report and a state folder."""
+    folder = tmp_path / "sweep"
+    for method in ("prr", "fedavg"):
+        for seed in (0, 1):
+            write_run(folder, method, seed)
+    write(folder / "prr_s0.state/site-1/derm_prr_s0/results.json", {"site": "site-1"})
+    write(folder / "report/report.md", "# the sweep's own report")
+    write(folder / "jobs/prr_s0/derm_prr/meta.json", {})
+    return folder
+
+
+def files(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_report_from_kept_runs_is_the_report_from_their_workspaces_byte_for_byte(sweep, tmp_path):
+    kept_folder = tmp_path / "kept"
+    assert keep_results().keep(sweep, kept_folder) == 4
+    runs = sorted(kept_folder.glob("*_s[0-9]" + kept.KEPT_SUFFIX))
+    assert [p.name for p in runs] == [f"{m}_s{s}.kept.json.gz" for m in ("fedavg", "prr") for s in (0, 1)]
+    build_report(sorted(sweep.glob("*_s[0-9]")), tmp_path / "from_workspaces")
+    build_report(runs, tmp_path / "from_kept")
+    built = {p.name: p.read_bytes() for p in (tmp_path / "from_workspaces").iterdir()}
+    assert {p.name: p.read_bytes() for p in (tmp_path / "from_kept").iterdir()} == built
+    assert {"report.md", "results_long.csv", "retrogress.csv", "retrogress.png", "curves_prr.png"} <= set(built)
+    report = built["report.md"].decode()
+    for part in ("| prr/deputy |", "| fedavg/trained |", "Table X", "Generalization and specialization", "Cross-site matrix"):
+        assert part in report  # every part of a run the report reads came through
+    # `prrfl results`: the same table of every run, read from the server's results and FLARE's crosseval.json
+    from_sweep, from_kept = (find_runs(folder)[0] for folder in (sweep, kept_folder))
+    assert [r.table() for r in from_kept] == [r.table() for r in from_sweep] and len(from_kept) == 4
+    assert "Cross-site evaluation" in from_kept[0].table()
+    assert from_kept[0].source == str(kept_folder / "fedavg_s0.kept.json.gz/server/simulate_job/results.json")
+
+
+def test_a_kept_run_leaves_out_what_no_report_reads_and_keeps_every_number_it_reads(sweep, tmp_path):
+    keep_results().keep(sweep, tmp_path / "kept")
+    run = tmp_path / "kept/prr_s0.kept.json.gz"
+    name = "site-2/prrfl/derm_prr_s0/results.json"
+    site, original = load_json(run / name), load_json(sweep / "prr_s0" / name)
+    assert {"data_root", "state_dir", "num_train", "rounds_missed"} & set(site) == set()
+    assert site["last"] == {"test": original["last"]["test"]} and site["best"] == original["best"]
+    assert [h["kind"] for h in site["history"]] == [h["kind"] for h in original["history"]]
+    for mine, theirs in zip(site["history"], original["history"], strict=True):
+        assert "timing" not in mine
+        if mine["kind"] == "round":
+            assert json.dumps(mine, sort_keys=True) == json.dumps({k: v for k, v in theirs.items() if k != "timing"}, sort_keys=True)
+        else:  # the curves and the retrogress read the primary metric (F1) of the per-epoch records, nothing else
+            assert mine["test"] == {"f1": theirs["test"]["f1"]} and mine["epochs_done"] == theirs["epochs_done"]
+    server = load_json(run / "server/simulate_job/results.json")
+    assert set(server["sites"]["site-1"]) == {"best", "cohort", "participation"}
+    assert "models" not in load_json(run / "server/simulate_job/crosseval.json")
+    assert load_json(kept.done_marker(run)) == load_json(sweep / "prr_s0.done.json")
+
+
+def test_keep_writes_one_reproducible_file_per_finished_run_and_nothing_heavier(sweep, tmp_path):
+    kept_folder = tmp_path / "kept"
+    write(sweep / "derm_shift2/fml_s1/site-1/prrfl/r/results.json", {"site": "site-1"})  # stopped: no marker
+    write(sweep / "prr_s0/site-1/prrfl/derm_prr_s0/examples.npz", "arrays")
+    write(sweep / "prr_s0/site-1/prrfl/derm_prr_s0/best_personal.pt", "model")
     module = keep_results()
-    assert module.keep(sweep, kept) == 3
-    files = sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file())
-    assert files == [
-        "prr_s0.done.json",
-        "prr_s0/prrfl/prostate_prr_s0/crosseval.json.gz",
-        "prr_s0/site-1/prrfl/prostate_prr_s0/results.json.gz",
+    assert module.keep(sweep, kept_folder) == 4
+    assert files(kept_folder) == [f"{m}_s{s}.kept.json.gz" for m in ("fedavg", "prr") for s in (0, 1)]
+    run = kept_folder / "prr_s0.kept.json.gz"
+    assert find_json(run, RESULTS_GLOB) == [run / f"{s}/prrfl/derm_prr_s0/results.json" for s in COHORTS]
+    assert len(find_json(kept_folder, RESULTS_GLOB)) == 16
+    assert find_json(run, "crosseval.json", recursive=True) == [
+        run / "prrfl/derm_prr_s0/crosseval.json",
+        run / "server/simulate_job/crosseval.json",
     ]
-    site = kept / "prr_s0/site-1/prrfl/prostate_prr_s0/results.json"
-    assert existing_json(site) == site.with_name("results.json.gz") and load_json(existing_json(site)) == json.loads(history)
-    assert find_json(kept, "**/prrfl/*/results.json") == [site.with_name("results.json.gz")]
-    first = site.with_name("results.json.gz").read_bytes()
-    module.keep(sweep, kept)  # the same sweep kept again: the same bytes (no timestamp in the gzip header)
-    assert site.with_name("results.json.gz").read_bytes() == first
-    module.keep(kept, tmp_path / "again")  # kept results copied on (back into a sweep folder) stay compressed
-    assert gzip.decompress((tmp_path / "again/prr_s0/site-1/prrfl/prostate_prr_s0/results.json.gz").read_bytes()) == history.encode()
+    assert existing_json(run / "site-1/prrfl/derm_prr_s0/results.json") == run / "site-1/prrfl/derm_prr_s0/results.json"
+    assert existing_json(run / "site-9/prrfl/derm_prr_s0/results.json") is None
+    first = run.read_bytes()
+    assert gzip.decompress(first)[:1] == b"{" and first[4:8] == b"\0\0\0\0"  # gzip's mtime field: 0
+    module.keep(sweep, kept_folder)  # the same sweep kept again: the same bytes
+    assert run.read_bytes() == first
 
 
-def test_only_finished_runs_are_kept(tmp_path):
-    """A run stopped or failed part-way (no .done.json beside its folder) leaves its partial histories behind, at
-    any depth: a report built from the kept folder never reads 4 of 5 sites as a whole run."""
-    sweep, kept = tmp_path / "sweep", tmp_path / "kept"
-    for run in ("derm_shift2/fedavg_s0", "derm_shift2/fedbn_s0", "fml_s1"):
-        write(sweep / run / "site-1/prrfl/r/results.json", '{"a": 1}')
-    write(sweep / "derm_shift2/fedavg_s0.done.json")
-    write(sweep / "fml_s1/prrfl/r/crosseval.json")
-    assert keep_results().keep(sweep, kept) == 2
-    files = sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file())
-    assert files == ["derm_shift2/fedavg_s0.done.json", "derm_shift2/fedavg_s0/site-1/prrfl/r/results.json.gz"]
+def test_a_kept_run_unpacked_into_a_sweep_folder_is_kept_again_as_the_same_bytes(sweep, tmp_path):
+    module = keep_results()
+    module.keep(sweep, tmp_path / "kept")
+    assert module.unpack(tmp_path / "kept", tmp_path / "again") == 4
+    again = tmp_path / "again"
+    assert (again / "prr_s0.done.json").is_file() and (again / "prr_s0/site-3/prrfl/derm_prr_s0/results.json").is_file()
+    assert load_json(again / "prr_s0/site-3/prrfl/derm_prr_s0/results.json")["rounds_completed"] == ROUNDS  # what `prrfl sweep` checks
+    assert module.keep(again, tmp_path / "kept2") == 4
+    assert {p: (tmp_path / "kept2" / p).read_bytes() for p in files(tmp_path / "kept2")} == {
+        p: (tmp_path / "kept" / p).read_bytes() for p in files(tmp_path / "kept")
+    }
 
 
-def test_slim_compresses_in_place_and_a_plain_file_wins_over_its_compressed_copy(tmp_path):
-    write(tmp_path / "run/site-1/prrfl/r/results.json", '{"a": 1}')
-    write(tmp_path / "run/site-1/prrfl/r/examples.npz", "arrays")
-    assert keep_results().slim(tmp_path) == (1, 1)
-    assert sorted(p.name for p in (tmp_path / "run/site-1/prrfl/r").iterdir()) == ["results.json.gz"]
-    write(tmp_path / "run/site-1/prrfl/r/results.json", '{"a": 2}')  # a newer plain file beside the compressed one
-    (found,) = find_json(tmp_path, "**/prrfl/*/results.json")
-    assert found.name == "results.json" and load_json(found) == {"a": 2}
+def test_compact_turns_runs_kept_as_folders_into_kept_runs_in_place(sweep, tmp_path):
+    """A folder kept before (the gzip-compressed files of each run, its marker; a run kept before markers were
+    written) becomes one kept run per run, the same tables read from it."""
+    module = keep_results()
+    old = tmp_path / "old"
+    for path in [p for p in sweep.rglob("*") if p.is_file() and p.suffix == ".json" and not module.in_sweep_extras(p.relative_to(sweep))]:
+        target = old / path.relative_to(sweep)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.name.endswith(".done.json"):
+            target.write_bytes(path.read_bytes())
+        else:
+            target.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+    (old / "fedavg_s1.done.json").unlink()
+    write(old / "prr_s0/site-1/prrfl/derm_prr_s0/examples.npz", "arrays")
+    write(old / "README.md", "# what these runs are")
+    tables = [r.table() for r in find_runs(old)[0]]
+    assert module.compact(old) == 4
+    assert files(old) == ["README.md"] + [f"{m}_s{s}.kept.json.gz" for m in ("fedavg", "prr") for s in (0, 1)]
+    assert [r.table() for r in find_runs(old)[0]] == tables
+    assert kept.DONE_MEMBER not in kept_members(old / "fedavg_s1.kept.json.gz")
+    assert module.compact(old) == 0  # nothing left to convert
+
+
+def test_a_history_stored_column_wise_reads_back_as_it_was():
+    history = [
+        {"kind": "epoch", "round": 0, "test": {"f1": 0.1 + 0.2}},
+        {"kind": "round", "round": 0, "other_models": {}, "valid": {"f1": math.inf, "acc": None}, "sites": [1, 2]},
+        {"kind": "epoch", "round": 1, "test": {"f1": 1e-300}},
+        {},
+        "not a record",
+    ]
+    tables = kept.columns(history)
+    assert len(tables["keys"]) == 3 and tables["order"] == [0, 1, 0, 2, 2]  # one table per shape
+    assert json.dumps(kept.records(json.loads(json.dumps(tables))), sort_keys=True) == json.dumps(history, sort_keys=True)
+
+
+BROKEN = {"keys": [[["test"], ["test", "f1"]]], "values": [[[1.0], [2.0]]], "order": [0]}  # "test" both a value and a dict
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"not gzip at all", "expected gzip-compressed JSON"),
+        (gzip.compress(b'{"format": "prrfl kept run", "version": 1, "members": {}}')[:-9], "expected gzip-compressed JSON"),
+        (gzip.compress(b'{"members": {}}'), "format 'prrfl kept run'"),
+        (gzip.compress(b'{"format": "prrfl kept run", "version": 9, "members": {}}'), "version 9"),
+        (
+            gzip.compress(b'{"format": "prrfl kept run", "version": 1, "members": {"a/results.json": {"history": {"keys": []}}}}'),
+            "column-wise",
+        ),
+        (
+            gzip.compress(
+                json.dumps({"format": "prrfl kept run", "version": 1, "members": {"a/results.json": {"history": BROKEN}}}).encode()
+            ),
+            "column-wise",
+        ),
+    ],
+)
+def test_a_corrupt_kept_run_names_itself_and_what_was_expected(tmp_path, content, expected):
+    run = tmp_path / "runs/prr_s0.kept.json.gz"
+    run.parent.mkdir()
+    run.write_bytes(content)
+    with pytest.raises(ValueError, match=expected) as failure:
+        load_json(run / "a/results.json")
+    assert str(run) in str(failure.value)
+
+
+def test_a_file_a_kept_run_does_not_hold_is_named_with_what_it_holds(sweep, tmp_path):
+    keep_results().keep(sweep, tmp_path / "kept")
+    run = tmp_path / "kept/prr_s0.kept.json.gz"
+    with pytest.raises(FileNotFoundError, match="has no site-9/results.json .it holds done.json, prrfl/"):
+        load_json(run / "site-9/results.json")

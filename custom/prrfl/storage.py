@@ -4,14 +4,20 @@ Files go to a temp file beside the target, then os.replace; folders are built in
 beside the target, then renamed. torch is imported only by the functions that need it, so image
 worker processes stay light. A write that fails because the disk is full says so (`DiskFullError`, naming
 the file and the space left), whatever library was writing (torch reports it as an internal assertion).
+
+The JSON readers (load_json, existing_json, find_json) also read a kept run (prrfl.kept: `<run>.kept.json.gz`, one
+finished run in one file) as the workspace it was: `<run>.kept.json.gz/site-1/prrfl/<run_name>/results.json` is that
+site's results file.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import gzip
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -19,6 +25,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from prrfl import kept
 
 
 class DiskFullError(OSError):
@@ -151,25 +159,80 @@ def save_text(text: str, path: str | Path) -> Path:
 
 
 def load_json(path: str | Path) -> Any:
-    """A JSON file, or its gzip-compressed copy (name ending in .gz, as docs/results keeps per-run histories)."""
+    """A JSON file, its gzip-compressed copy (name ending in .gz), or a file of a kept run (`kept_member`)."""
     path = Path(path)
+    inside = None if path.exists() else kept_member(path)
+    if inside is not None:
+        run, name = inside
+        return kept.member(kept_members(run), name, run)
     with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
         return json.load(f)
 
 
-def existing_json(path: str | Path) -> Path | None:
-    """`path` if it exists, else its compressed copy `<path>.gz` if that exists, else None."""
+def kept_member(path: str | Path) -> tuple[Path, str] | None:
+    """(kept run file, the file's path in the run) when `path` lies inside a kept run file, else None."""
     path = Path(path)
-    for candidate in (path, path.with_name(path.name + ".gz")):
-        if candidate.is_file():
-            return candidate
+    for run in path.parents:
+        if run.name.endswith(kept.KEPT_SUFFIX):
+            return (run, path.relative_to(run).as_posix()) if run.is_file() else None
     return None
+
+
+def kept_members(run: str | Path) -> dict[str, Any]:
+    """The files of a kept run, as stored (read once while the file is unchanged, and shared: `kept.member` gives a
+    copy of one to use)."""
+    stat = Path(run).stat()
+    return _decoded(str(run), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _decoded(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    return kept.decode(Path(path).read_bytes(), path)
+
+
+def holder(path: str | Path) -> Path:
+    """The file on disk that holds `path`: the kept run file it lies in, else itself."""
+    inside = kept_member(path)
+    return Path(path) if inside is None else inside[0]
+
+
+def existing_json(path: str | Path) -> Path | None:
+    """`path` if it exists (a file, or a file of a kept run), else its compressed copy `<path>.gz` if that exists,
+    else None."""
+    path = Path(path)
+    return next((p for p in (path, path.with_name(path.name + ".gz")) if _is_json_file(p)), None)
+
+
+def _is_json_file(path: Path) -> bool:
+    if path.is_file():
+        return True
+    inside = kept_member(path)
+    return inside is not None and inside[1] in kept_members(inside[0])
 
 
 def find_json(folder: str | Path, pattern: str, recursive: bool = False) -> list[Path]:
     """Files under `folder` matching `pattern` (a glob of a .json name; `recursive`: at any depth), each also
-    found as its compressed copy `<name>.gz`; a file present both ways counts once (the plain one)."""
-    search = Path(folder).rglob if recursive else Path(folder).glob
+    found as its compressed copy `<name>.gz`; a file present both ways counts once (the plain one). The files of
+    kept runs under `folder` (or of `folder` itself, a kept run) count as the files of the workspaces they were."""
+    folder = Path(folder)
+    search = folder.rglob if recursive else folder.glob
     plain = set(search(pattern))
     compressed = {p for p in search(pattern + ".gz") if p.with_suffix("") not in plain}
-    return sorted(plain | compressed)
+    return sorted(plain | compressed | set(_kept_matches(folder, ("**/" if recursive else "") + pattern)))
+
+
+def _kept_matches(folder: Path, pattern: str) -> list[Path]:
+    """The files of the kept runs under `folder` (or of `folder`, a kept run) whose path below `folder` matches."""
+    runs = [folder] if kept.is_kept(folder) else [p for p in folder.rglob("*" + kept.KEPT_SUFFIX) if p.is_file()]
+    wanted = _glob_regex(pattern)
+    found = (run / name for run in runs for name in kept_members(run))
+    return [p for p in found if wanted.fullmatch(p.relative_to(folder).as_posix())]
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """A relative glob (`*` and `?` within a name, `**` for any number of folders) as a regular expression on
+    '/'-separated paths."""
+    parts = []
+    for part in pattern.split("/"):
+        parts.append("(?:[^/]+/)*" if part == "**" else re.escape(part).replace(r"\*", "[^/]*").replace(r"\?", "[^/]") + "/")
+    return re.compile("".join(parts).removesuffix("/"))

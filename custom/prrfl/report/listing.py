@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from prrfl.crosseval import CROSSEVAL_FILE
+from prrfl.kept import is_kept
 from prrfl.registry import task_class
 from prrfl.report.protocol import cross_site_table
 from prrfl.report.runs import LEGACY_TASK
-from prrfl.storage import existing_json, find_json, load_json
+from prrfl.storage import existing_json, find_json, holder, load_json
 from prrfl.summary import results_table
 
 log = logging.getLogger(__name__)
@@ -73,18 +74,19 @@ def results_kind(data: Any) -> str | None:
 
 
 def find_runs(folder: str | Path) -> tuple[list[RunResults], list[str]]:
-    """The runs whose results.json files lie anywhere under `folder` (or `folder` itself, a results.json),
-    and a note for every results.json skipped (unreadable, or not a prrfl run's).
+    """The runs whose results.json files lie anywhere under `folder` (or `folder` itself, a results.json or a kept
+    run), and a note for every results.json skipped (unreadable, or not a prrfl run's).
 
     Searching at any depth covers every workspace this product writes: a simulator workspace
     (server/simulate_job/, site-N/prrfl/<run>/), a `prrfl run` workspace (<job>/ and <job>.state/ in it),
     a POC workspace (<project>/prod_00/: the participants' prrfl/<run>/ folders and the admin's downloads
-    in transfer/<job id>/) and a `prrfl deploy poc` folder (the same, and result/). The same run is
+    in transfer/<job id>/), a `prrfl deploy poc` folder (the same, and result/) and kept runs (prrfl.kept:
+    <run>.kept.json.gz, read as the workspace it was). The same run is
     found there several times (the workspace copy, the state copy, the download): it is one run, keyed
     by its run id; a site's copies agree, or the one with more rounds is the newer. Runs come by name,
     then oldest first (e.g. a run set aside as <run>.replaced-<time> before the run that replaced it)."""
     folder = Path(folder)
-    files = [folder] if folder.is_file() else find_json(folder, RESULTS_FILE, recursive=True)
+    files = [folder] if folder.is_file() and not is_kept(folder) else find_json(folder, RESULTS_FILE, recursive=True)
     servers: dict[str, tuple[Path, dict[str, Any]]] = {}
     sites: dict[str, dict[str, tuple[Path, dict[str, Any]]]] = defaultdict(dict)
     notes = []
@@ -110,7 +112,7 @@ def find_runs(folder: str | Path) -> tuple[list[RunResults], list[str]]:
         if run_id in servers:
             path, data = servers[run_id]
             run = server_run(path, data)
-            written = path.stat().st_mtime
+            written = holder(path).stat().st_mtime
         else:
             found = sites[run_id]
             first = next(iter(found.values()))[1]
@@ -119,7 +121,7 @@ def find_runs(folder: str | Path) -> tuple[list[RunResults], list[str]]:
             run = RunResults(
                 first.get("run_name", "?"), run_id, first.get("task", LEGACY_TASK), source, {s: d for s, (_, d) in found.items()}
             )
-            written = max(p.stat().st_mtime for p, _ in found.values())
+            written = max(holder(p).stat().st_mtime for p, _ in found.values())
         runs.append((run.name, written, run))
     return [run for *_, run in sorted(runs, key=lambda r: r[:2])], notes
 
