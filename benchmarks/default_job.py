@@ -87,7 +87,7 @@ def report(label: str, wall: float, log_text: str, results: list[dict]) -> None:
     marks = log_marks(log_text)
     per_site = [[h["timing"] for h in r["history"] if h["kind"] == "round"] for r in results]
     rounds = len(per_site[0])
-    print(f"\n## {label}: {wall:.0f} s wall ({wall / 60:.0f} min {wall % 60:.0f} s), {len(results)} sites, {rounds} rounds\n")
+    print(f"\n## {label}: {wall:.0f} s wall ({int(wall // 60)} min {wall % 60:.0f} s), {len(results)} sites, {rounds} rounds\n")
     print("| round | wall s | slowest site s | " + " | ".join(PHASES) + " | beyond the site's round s |")
     print("|---|---|---|" + "---|" * len(PHASES) + "---|")
     previous = None

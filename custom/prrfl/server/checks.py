@@ -24,6 +24,7 @@ import torch
 
 from prrfl.keys import CLASS_COUNTS, PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.messages import Upload
+from prrfl.tasks.base import is_count
 
 if TYPE_CHECKING:
     from prrfl.tasks.base import Task
@@ -65,11 +66,6 @@ def is_number(value: Any) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return isinstance(value, float) or abs(value) <= sys.float_info.max
-
-
-def is_count(value: Any) -> bool:
-    """A non-negative integer (not a bool) that a torch.long can hold."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def params_problem(params: Any, reference: Mapping[str, torch.Tensor], subset: bool = False) -> str | None:

@@ -21,7 +21,11 @@ import torch
 
 from prrfl.config import config_error
 from prrfl.data.manifest import MANIFEST_NAME
-from prrfl.server.checks import is_count
+
+
+def is_count(value: Any) -> bool:
+    """A non-negative integer (not a bool) that a torch.long can hold."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 @dataclass
