@@ -423,7 +423,7 @@ def test_sweep_fails_when_sites_did_not_finish(tmp_path):
         log.write_text("")
         return 0
 
-    with pytest.raises(SweepError, match=r"only 0 of 4 sites finished all 4 rounds; see .*prr_s0\.log"):
+    with pytest.raises(SweepError, match=r"only 0 of 4 sites finished all 5 rounds; see .*prr_s0\.log"):
         sweep(["prr"], [0], tmp_path, runner=silent)
 
 
