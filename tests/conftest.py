@@ -249,6 +249,32 @@ def tiny_derm_config(**overrides):
     return RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_DATA, **overrides})
 
 
+DRILLS_HINT = "a fault drill: run it with --drills (every test) or -m drill (the drills alone)"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--drills",
+        action="store_true",
+        help="also run the fault drills (FLARE processes killed, frozen or interrupted, crashed runs resumed: about half an "
+        "hour on two cores); they are skipped otherwise, unless -m selects them",
+    )
+
+
+def drills_wanted(config) -> bool:
+    """The fault drills run with --drills or when the marker expression names them (-m drill)."""
+    return bool(config.getoption("--drills")) or "drill" in (config.getoption("markexpr") or "")
+
+
+def pytest_collection_modifyitems(config, items):
+    if drills_wanted(config):
+        return
+    skip = pytest.mark.skip(reason=DRILLS_HINT)
+    for item in items:
+        if item.get_closest_marker("drill"):
+            item.add_marker(skip)
+
+
 def wait_for(condition, timeout: float, what: str) -> None:
     """Poll `condition` until it holds; fail the test after `timeout` seconds, saying what did not happen."""
     deadline = time.time() + timeout

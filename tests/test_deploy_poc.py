@@ -64,6 +64,7 @@ def test_listening_ports_sees_this_process_listen():
 
 
 @pytest.mark.e2e
+@pytest.mark.drill
 def test_a_server_port_taken_before_the_server_binds_it_is_provisioned_again(tmp_path, monkeypatch, capsys):
     """FLARE's server runs on without a port another process took (gRPC only prints a line), and its sites
     would retry their login there for ever: the deployment sees the refusal and provisions other ports."""
@@ -141,6 +142,7 @@ def test_deploy_poc_two_sites(tmp_path, capsys):
 
 
 @pytest.mark.e2e
+@pytest.mark.drill
 def test_ctrl_c_mid_job_stops_every_process(tmp_path):
     cmd, env, work = deploy_command(tmp_path, num_rounds=50)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -220,6 +222,7 @@ def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("moment", ["starting", "running"])
+@pytest.mark.drill
 def test_ctrl_c_of_prrfl_run_on_pocenv_returns_promptly_with_the_resume_line(tmp_path, poc_workspace, moment):
     """Ctrl-C of `prrfl run --env poc` mid-job (or while the job is still being submitted, on a loaded machine):
     every POC process is stopped and the command returns 130 with the line that says how to go on, rather than

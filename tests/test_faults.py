@@ -71,6 +71,7 @@ def deployment(tmp_path_factory):
 
 
 @pytest.mark.e2e
+@pytest.mark.drill
 def test_server_killed_mid_job_resumes_from_the_last_completed_round(deployment):
     dep = deployment
     _, status = dep.run_job(tiny_job(dep.root, "uninterrupted"), timeout=240)
@@ -109,6 +110,7 @@ def test_server_killed_mid_job_resumes_from_the_last_completed_round(deployment)
 
 
 @pytest.mark.e2e
+@pytest.mark.drill
 def test_a_site_killed_mid_round_is_left_out_then_rejoins_from_its_checkpoint(deployment):
     """kill -9 of a site (its client and job processes) in round 1; the shipped deadline rule ("auto") and
     min_sites, with the deadline's floor at 20 s instead of 60 (the round is left out sooner, the rule is the same)."""
@@ -149,6 +151,7 @@ def test_a_site_killed_mid_round_is_left_out_then_rejoins_from_its_checkpoint(de
 
 
 @pytest.mark.e2e
+@pytest.mark.drill
 def test_a_site_job_process_killed_while_its_client_runs_ends_the_job_and_a_resume_continues_it(deployment):
     """FLARE 2.9 itself fails the whole job when a site's job process exits abnormally while the site's
     FLARE client keeps running (the client reports the failure to the server). Nothing hangs, the state of
@@ -170,6 +173,7 @@ def test_a_site_job_process_killed_while_its_client_runs_ends_the_job_and_a_resu
 
 
 @pytest.mark.e2e
+@pytest.mark.drill
 def test_a_site_frozen_mid_round_is_left_out_and_the_job_still_ends(deployment):
     """kill -STOP of a site's job process in round 0: the round ends at its deadline without it, the job
     completes its rounds and ends once FLARE stops waiting for that site's report (client_outcome_wait_timeout,
@@ -196,6 +200,7 @@ def test_a_site_frozen_mid_round_is_left_out_and_the_job_still_ends(deployment):
 
 
 @pytest.mark.e2e
+@pytest.mark.drill
 def test_a_site_with_corrupt_local_data_fails_at_start_and_the_others_train(deployment, tmp_path):
     dep = deployment
     broken = dep.kits.sites[1]
@@ -227,6 +232,7 @@ def test_a_site_with_corrupt_local_data_fails_at_start_and_the_others_train(depl
 
 
 @pytest.mark.e2e
+@pytest.mark.drill
 def test_the_component_recipe_runs_on_the_deployment_through_prodenv(deployment, tmp_path, example_net):
     """`PersonalizedFedAvgRecipe` (a stock Client API script, PFA) submitted with FLARE's ProdEnv through the admin's
     startup kit: every client's personalized and best model saved on the server, as on SimEnv and PocEnv."""
@@ -254,6 +260,7 @@ def test_the_component_recipe_runs_on_the_deployment_through_prodenv(deployment,
 
 
 @pytest.mark.e2e
+@pytest.mark.drill
 def test_the_recipe_runs_unchanged_on_the_deployment_through_prodenv(deployment, capsys):
     """`prrfl run --env prod`: the job's recipe submitted with FLARE's ProdEnv through the admin's startup
     kit of this provisioned deployment (mTLS), followed to the end and its results downloaded."""

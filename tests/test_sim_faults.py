@@ -73,6 +73,7 @@ def load(path: Path):
     return torch.load(path, weights_only=False) if path.exists() else None  # written atomically
 
 
+@pytest.mark.drill
 def test_a_site_killed_in_the_first_round_is_left_out_and_the_job_ends_with_it_marked(tmp_path):
     """3 sites, shipped defaults (min_sites "majority" = 2, deadline "auto"): kill -9 of site-3 in round 0.
     The server sees its simulator process end without an answer and goes on without waiting for the
@@ -116,6 +117,7 @@ def test_a_site_killed_in_the_first_round_is_left_out_and_the_job_ends_with_it_m
     assert "local/prrfl_site.site-7.json is not used: no site of this job is named 'site-7'" in out
 
 
+@pytest.mark.drill
 def test_a_site_killed_during_prepare_is_left_out_at_once_and_a_frozen_site_does_not_keep_the_simulator(tmp_path):
     """3 sites, min_sites 1: site-3 is killed (-9) while it prepares: left out when its process ends, not after
     prepare's 2 h deadline; site-2 is frozen (kill -STOP) in round 0: left out at the round's deadline, and
@@ -151,6 +153,7 @@ def test_a_site_killed_during_prepare_is_left_out_at_once_and_a_frozen_site_does
     assert state["next_round"] == 2 and state["history"][-1]["sites"] == ["site-1"]
 
 
+@pytest.mark.drill
 def test_a_second_job_on_a_busy_workspace_is_refused_in_one_line_naming_the_first_run(tmp_path):
     """The second simulator on the same workspace stops before it reads or moves any state (exit 2), naming
     the run that holds the workspace; the first run's state stays where it is and it goes on saving rounds."""
@@ -178,6 +181,7 @@ def test_a_second_job_on_a_busy_workspace_is_refused_in_one_line_naming_the_firs
         kill_process_tree(first.pid, grace=0)
 
 
+@pytest.mark.drill
 def test_the_same_resumable_command_run_twice_continues_where_the_first_stopped(tmp_path):
     cfg = tiny_derm_config(num_rounds=3)
     # the README's recipe: a job exported with --resume auto, and one simulator command
@@ -268,6 +272,7 @@ def test_a_job_that_cannot_run_is_refused_before_any_site_trains(tmp_path, case)
 
 
 @pytest.mark.parametrize("killed", ["command", "server"])
+@pytest.mark.drill
 def test_kill_9_of_the_simulator_leaves_no_process_running(tmp_path, killed):
     """kill -9 of `nvflare simulator` (the command a user started) or of the simulator's server process, mid-job:
     every other process of that simulator ends within seconds (prrfl.flare.liveness: each watches the process
