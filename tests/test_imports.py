@@ -137,3 +137,17 @@ def test_the_server_cores_load_no_nvflare_module():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_server_building_a_dermoscopy_task_loads_no_torchvision():
+    """A FLARE server builds its task (metrics, cohorts, the reference model) but never augments: torchvision, whose
+    import costs seconds of CPU (it loads torch._dynamo), waits for the first blurred batch of a site."""
+    code = (
+        "import sys; from prrfl.config import RunConfig; from prrfl.registry import build_task, build_method; "
+        "cfg = RunConfig.from_dict({'task': 'derm', 'method': 'prr'}); task = build_task(cfg); build_method(cfg, task); "
+        "task.build_model(); print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    )
+    assert out.stdout.strip() == "[]", out.stdout

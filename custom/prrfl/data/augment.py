@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torchvision.transforms.v2 import functional as TF
 
 Draw = Callable[..., torch.Tensor]  # draw(*shape): uniform [0, 1) numbers from the augmentation's generator
 
@@ -63,6 +62,10 @@ class DermAugment:
         blur = (apply & (choose < 0.5)).nonzero().flatten()
         x = torch.where((apply & (choose >= 0.5))[:, None, None, None], noisy, x)
         if len(blur):
+            # imported here: torchvision's import costs seconds of CPU (it loads torch._dynamo), which a FLARE server
+            # that builds the task but never augments should not pay before its sites can start
+            from torchvision.transforms.v2 import functional as TF
+
             x[blur] = TF.gaussian_blur(x[blur], kernel_size=[5, 5], sigma=[1.0, 1.0])
 
         x = self._affine(x, draw)

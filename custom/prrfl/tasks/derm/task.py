@@ -50,10 +50,15 @@ DEFAULT_DATA: dict[str, Any] = {
 
 # Job settings per profile (Task.profiles; prrfl.flare.jobs builds every derm_<method> job from them).
 # quick (README's first command, the jobs/derm_* folders): the embedded synthetic federation at 4 % of Table I (273
-# training images, every class still >= 8 times in each site's valid and test split), 40 px, 5 rounds x 2 epochs. The
-# 8 %, 64 px job before it needed more training than 2 cores' bare-loop speed allows in 2.5 minutes
-# (benchmarks/site_throughput.py, benchmarks/default_job.py; docs/running.md, "Where the time goes").
-QUICK: dict[str, Any] = {"num_rounds": 5, "local_epochs": 2, "data": {"image_size": 40, "synthetic_scale": 0.04}}
+# training images, every class still >= 8 times in each site's valid and test split), 40 px, 5 rounds x 2 epochs,
+# drawn at 160 x 120 before the resize to 40 px (the generator's 300 x 225 tripled the first run's data generation for
+# no pixel the 40 px images keep). The 8 %, 64 px job before it needed more training than 2 cores' bare-loop speed
+# allows in 2.5 minutes (benchmarks/site_throughput.py, benchmarks/default_job.py; docs/running.md, "Where the time goes").
+QUICK: dict[str, Any] = {
+    "num_rounds": 5,
+    "local_epochs": 2,
+    "data": {"image_size": 40, "synthetic_scale": 0.04, "synthetic_raw_size": [160, 120]},
+}
 
 # paper (TMI 2022, Sec. IV): 128 px, 50 rounds x 5 epochs, lr 1e-2 halved every 25 epochs, batch 16; full Table I
 # sizes for the synthetic federation (or set data_root per site).
