@@ -32,7 +32,7 @@ import torch
 
 from prrfl.config import RunConfig
 from prrfl.data.manifest import fingerprint
-from prrfl.methods.view import Scalar, SiteView
+from prrfl.methods.view import LossCheck, Scalar, SiteView
 from prrfl.metrics import download_drops
 from prrfl.storage import atomic_write, atomic_write_bytes, load_torch, save_json, save_torch_keeping_previous, set_aside
 from prrfl.tasks.base import SiteData, Task
@@ -233,6 +233,7 @@ class SiteRuntime:
             generator=self.generator,
             evaluate=self.evaluate,
             log_scalar=self.log_scalar,
+            loss_check=LossCheck(self.name, deferred=self.device.type != "cpu"),
         )
 
     # ----- evaluation ------------------------------------------------------------------
