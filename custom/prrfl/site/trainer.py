@@ -198,7 +198,9 @@ def estimate_round_seconds(site: SiteRuntime, repeats: int = 2) -> float:
     """A rough cost of one round at this site, measured before the first one (the server's first-round
     deadline is a multiple of it): the seconds per image of one training step of the task's model on one
     batch, times the images a round trains (every model of the method) plus its evaluations at a third
-    of that cost. The site's models, generator and the global RNG are left as they were."""
+    of that cost. The site's models, generator and the global RNG are left as they were. The step is timed
+    with the run's numerics, uncompiled (a copy of a model is: `prrfl.numerics.NumericsForward`): with
+    `torch_compile` the first round also spends the compilation, which this does not count."""
     cfg, data = site.cfg, site.data
     model = copy.deepcopy(site.models[site.method.roles[0]]).train()
     seconds = []
