@@ -324,3 +324,26 @@ def test_the_numerics_name_a_run_apart_from_the_methods_own():
         'prr[channels_last=true,det_enabled=false,precision="bf16",torch_compile=true]'
     )
     assert variant_label("fedavg", {}, {"class_loss": "balanced_softmax"}) == 'fedavg[class_loss="balanced_softmax"]'
+
+
+def test_the_throughput_benchmark_measures_each_numerics_named_on_its_command_line(tiny_task):
+    import argparse
+    import sys
+    from pathlib import Path
+
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        import site_throughput
+    finally:
+        sys.path.remove(benchmarks)
+    assert site_throughput.numerics_settings("float32,bf16+channels_last,compile") == {
+        "float32": {},
+        "bf16+channels_last": {"precision": "bf16", "channels_last": True},
+        "compile": {"torch_compile": True},
+    }
+    with pytest.raises(argparse.ArgumentTypeError, match=r"unknown numerics \['fp16'\] in 'bf16\+fp16'"):
+        site_throughput.numerics_settings("bf16+fp16")
+    cfg = RunConfig.from_dict({"task": "tiny", "batch_size": 8, "precision": "bf16", "channels_last": True})
+    train = tiny_task.load_site("A", torch.device("cpu")).train
+    assert site_throughput.bare_loop(tiny_task, train, cfg, torch.device("cpu"), augment=True, epochs=1) > 0
