@@ -1,6 +1,7 @@
 """Training throughput of the site loop beside a bare PyTorch loop: what the hardware allows for the network.
 
     python benchmarks/site_throughput.py [job] [--threads N] [--device cpu|cuda] [--epochs E] [--methods fedavg,prr]
+                                         [--numerics float32,bf16,channels_last,compile,bf16+channels_last+compile]
 
 For a job's task, data and batch size (default derm_prr: the quick dermoscopy federation, 64 px, batch 16), at one
 site (its first cohort), on the same machine, one after the other:
@@ -12,8 +13,14 @@ site (its first cohort), on the same machine, one after the other:
 * **site loop**: `prrfl.site.trainer.train_epoch` of each method (FedAvg trains one model, PRR two: P and D, every
   model counted), the one loop every method runs.
 
+`--numerics` measures all three once per numerics of the run's config (`prrfl.numerics`; docs/running.md, "Faster
+numerics on a GPU"), comma-separated, each a `+`-joined set of `float32` (the default: none), `bf16` (precision
+"bf16"), `channels_last` and `compile` (torch_compile): the bare loops compute as the site loop does. The last lines
+are a table of every numerics' images/s and its speed-up over the first.
+
 Threads default to what a simulator site gets: the machine's cores divided by the task's sites (at least 1).
-Images/s are the best of the epochs after a warm-up epoch. A benchmark, not a test: compare lines of one run.
+Images/s are the best of the epochs after a warm-up epoch (which also compiles, with `compile`). A benchmark, not a
+test: compare lines of one run.
 """
 
 from __future__ import annotations
@@ -30,11 +37,14 @@ import torch
 
 from prrfl.config import RunConfig
 from prrfl.messages import Download
+from prrfl.numerics import prepare_model
 from prrfl.registry import build_method, build_task
 from prrfl.site.state import SiteRuntime
 from prrfl.site.trainer import _synchronized, train_epoch
 
 ROOT = Path(__file__).resolve().parents[1]
+# --numerics words -> the config settings they stand for
+NUMERICS = {"float32": {}, "bf16": {"precision": "bf16"}, "channels_last": {"channels_last": True}, "compile": {"torch_compile": True}}
 
 
 def job_config(job: str) -> dict:
@@ -53,7 +63,7 @@ def best_rate(epochs: int, images: int, one_epoch, device: torch.device) -> floa
 
 def bare_loop(task, train, cfg: RunConfig, device: torch.device, augment: bool, epochs: int) -> float:
     torch.manual_seed(0)
-    model = task.build_model().to(device).train()
+    model = prepare_model(task.build_model().to(device), cfg, compiled=True).train()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     generator = torch.Generator().manual_seed(0)
     n, b = len(train), cfg.batch_size
@@ -85,6 +95,17 @@ def site_loop(cfg: RunConfig, task, data, device: torch.device, epochs: int) -> 
         return best_rate(epochs, data.num_train * len(method.roles), lambda: train_epoch(site, view), device)
 
 
+def numerics_settings(spec: str) -> dict[str, dict]:
+    """`--numerics` -> {its name: the config settings}, e.g. "float32,bf16+compile"; an unknown word is an error naming the known ones."""
+    out = {}
+    for name in spec.split(","):
+        unknown = [w for w in name.split("+") if w not in NUMERICS]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown numerics {unknown} in {name!r}: join some of {list(NUMERICS)} with +")
+        out[name] = {k: v for w in name.split("+") for k, v in NUMERICS[w].items()}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("job", nargs="?", default="derm_prr")
@@ -92,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--methods", default="fedavg,prr")
+    parser.add_argument("--numerics", type=numerics_settings, default="float32", help="comma-separated, each words joined by +")
     args = parser.parse_args(argv)
     base = job_config(args.job)
     task = build_task(RunConfig.from_dict(base))
@@ -99,15 +121,25 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     device = torch.device(args.device)
     data = task.load_site(task.cohorts[0], device, None)
-    cfg = RunConfig.from_dict(base)
-    print(f"{args.job}: site {data.cohort}, {data.num_train} training images, batch {cfg.batch_size}, {threads} thread(s), {device}")
-    bare = bare_loop(task, data.train, cfg, device, augment=False, epochs=args.epochs)
-    print(f"bare loop (normalized inputs, forward/backward/step): {bare:.1f} images/s")
-    augmented = bare_loop(task, data.train, cfg, device, augment=True, epochs=args.epochs)
-    print(f"bare loop + the task's augmentation: {augmented:.1f} images/s ({100 * augmented / bare:.0f} % of bare)")
-    for name in args.methods.split(","):
-        rate = site_loop(RunConfig.from_dict({**base, "method": name}), task, data, device, args.epochs)
-        print(f"site loop, {name} (every model counted): {rate:.1f} images/s ({100 * rate / bare:.0f} % of bare)")
+    methods = args.methods.split(",")
+    print(f"{args.job}: site {data.cohort}, {data.num_train} training images, batch {base['batch_size']}, {threads} thread(s), {device}")
+    rates: dict[str, list[float]] = {}
+    for name, settings in args.numerics.items():
+        cfg = RunConfig.from_dict({**base, **settings})
+        bare = bare_loop(task, data.train, cfg, device, augment=False, epochs=args.epochs)
+        print(f"[{name}] bare loop (normalized inputs, forward/backward/step): {bare:.1f} images/s")
+        augmented = bare_loop(task, data.train, cfg, device, augment=True, epochs=args.epochs)
+        print(f"[{name}] bare loop + the task's augmentation: {augmented:.1f} images/s ({100 * augmented / bare:.0f} % of bare)")
+        rates[name] = [bare, augmented]
+        for method in methods:
+            rate = site_loop(RunConfig.from_dict({**base, **settings, "method": method}), task, data, device, args.epochs)
+            print(f"[{name}] site loop, {method} (every model counted): {rate:.1f} images/s ({100 * rate / bare:.0f} % of bare)")
+            rates[name].append(rate)
+    first = next(iter(rates.values()))
+    print(f"\n| numerics | bare | bare + augmentation | {' | '.join(f'site loop, {m}' for m in methods)} |")
+    print("|---|" + "---|" * (2 + len(methods)))
+    for name, row in rates.items():
+        print(f"| {name} | " + " | ".join(f"{r:.1f} ({r / f:.2f}x)" for r, f in zip(row, first)) + " |")
     return 0
 
 

@@ -3,12 +3,14 @@
 # `timing` every site records in its results.json (train samples/s counts every model of the method:
 # P and D for PRR). Needs prrfl installed (pip install -e .).
 #
-#   bash benchmarks/throughput.sh <job> <sites> [cpu|gpu] [rounds] [workdir]
+#   bash benchmarks/throughput.sh <job> <sites> [cpu|gpu] [rounds] [workdir] [KEY=VALUE ...]
 #
 #   bash benchmarks/throughput.sh prostate_prr 5 cpu              # the prostate default on this CPU
 #   bash benchmarks/throughput.sh prostate_prr_paper 5 gpu 2      # the paper's prostate setting, 5 sites on GPU 0
 #   bash benchmarks/throughput.sh derm_prr_paper 4 gpu 2          # the paper's dermoscopy setting, 4 sites on GPU 0
+#   bash benchmarks/throughput.sh derm_prr_paper 4 gpu 3 /tmp/w precision=bf16   # ... with a config field set
 #
+# KEY=VALUE: config fields set on the job (`prrfl jobs export --set`), e.g. the numerics of docs/running.md.
 # The data set is built (cached) first, with all cores, and timed apart from training.
 set -euo pipefail
 JOB=${1:?usage: throughput.sh <job> <sites> [cpu|gpu] [rounds] [workdir]}
@@ -21,7 +23,9 @@ mkdir -p "$WORK"
 t0=$(date +%s)
 python3 -m prrfl.cli data build "$JOB" --workers "$(nproc)"
 t1=$(date +%s); echo "data built in $((t1 - t0)) s"
-python3 -m prrfl.cli jobs export "$JOB" --out "$WORK/jobs" ${ROUNDS:+--set num_rounds="$ROUNDS"}
+SETS=()
+for setting in "${@:6}"; do SETS+=(--set "$setting"); done
+python3 -m prrfl.cli jobs export "$JOB" --out "$WORK/jobs" ${ROUNDS:+--set num_rounds="$ROUNDS"} "${SETS[@]}"
 GPU=()
 if [ "$DEVICE" = gpu ]; then GPU=(-gpu "$(python3 -c "print(','.join(['0'] * $SITES))")"); fi
 rm -rf "$WORK/ws" "$WORK/ws.state"

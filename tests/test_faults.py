@@ -33,6 +33,10 @@ def test_resume_rule_only_lets_num_rounds_grow():
     assert resume_problem(saved, {**saved, "num_rounds": 5}, next_round=2) is None  # extend a finished run
     assert "already completed" in resume_problem(saved, {**saved, "num_rounds": 1}, next_round=2)
     assert "['lr']" in resume_problem(saved, {**saved, "lr": 0.5}, next_round=1)
+    # a run saved before the numerics fields existed ran with their defaults
+    older = {k: v for k, v in saved.items() if k not in ("precision", "channels_last", "torch_compile")}
+    assert resume_problem(older, saved, next_round=1) is None
+    assert "['precision']" in resume_problem(older, {**saved, "precision": "bf16"}, next_round=1)
 
 
 def tiny_job(root: Path, run_name: str, **overrides) -> Path:

@@ -283,7 +283,8 @@ def test_the_loss_is_the_task_loss_at_the_unperturbed_weights(tmp_path):
     probe.load_state_dict(model.state_dict())
     with torch.no_grad():
         expected = float(F.cross_entropy(probe(x)[0], labels))
-    assert site.method.train_batch(site.view(), x, labels)["local"] == pytest.approx(expected, rel=1e-5)
+    loss = site.method.train_batch(site.view(), x, labels)["local"]  # on the model's device, detached
+    assert not loss.requires_grad and float(loss) == pytest.approx(expected, rel=1e-5)
 
 
 def test_harmofl_is_refused_for_a_task_without_an_image_size(monkeypatch):

@@ -215,6 +215,15 @@ class RunConfig:
     # entropy, or its imbalance loss: PRR's CPA, FedFocal's focal loss, ...); "balanced_softmax", the balanced softmax
     # of the site's own class prior for every method, as FCA trains every framework it compares (Method.supervised_loss)
     class_loss: Literal["method", "balanced_softmax"] = "method"
+    # how every model a site trains and evaluates computes (prrfl.numerics), the same weights either way: "float32",
+    # or "bf16", each model's forward under bfloat16 autocast (weights, optimiser state, losses and checkpoints
+    # stay float32); channels_last: 4-D weights and inputs in channels-last memory order (a GPU's faster conv
+    # kernels); torch_compile: each trained model's forward (and so its backward) compiled by torch.compile.
+    # They change the numbers in their last bits or more: float32 stays the default until they are shown equal
+    # over seeds (docs/running.md, "Faster numerics on a GPU")
+    precision: Literal["float32", "bf16"] = "float32"
+    channels_last: bool = False
+    torch_compile: bool = False
     method_args: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -269,6 +278,19 @@ class RunConfig:
         if self.min_sites > n:
             raise ConfigError(f"config field 'min_sites' asks for {self.min_sites} sites, but there are only {n}")
         return self.min_sites
+
+
+# The run's fields that make a run a variant of its method, reported apart from the method's own runs and named
+# in its label as an ablation's method_args are (prrfl.report.variant_label): the classification term and the
+# numerics (prrfl.numerics)
+VARIANT_FIELDS = ("class_loss", "precision", "channels_last", "torch_compile")
+
+
+def variant_settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The VARIANT_FIELDS of a config or a site's results (a dict) that are not RunConfig's defaults; a field
+    the dict lacks is its default (a run recorded before the field existed ran as the default does)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    return {name: values[name] for name in VARIANT_FIELDS if name in values and values[name] != defaults[name]}
 
 
 @functools.cache

@@ -38,6 +38,7 @@ import torch
 
 from prrfl.config import RunConfig
 from prrfl.metrics import nanmean
+from prrfl.numerics import prepare_model
 from prrfl.registry import build_method, build_task, task_class
 from prrfl.site.state import CHECKPOINT
 from prrfl.storage import load_json, load_torch, save_json
@@ -107,7 +108,7 @@ def evaluate_run(run: RunFiles, device: str | torch.device = "cpu") -> dict[str,
         tests[site] = task.load_site(results["cohort"], device, results.get("data_root")).test
         best = Path(results["state_dir"]) / f"best_{method.eval_role}.pt"
         if best.exists():
-            models[site] = _loaded(method.build_model(), best, device)
+            models[site] = _loaded(method.build_model(), load_torch(best, map_location=device), run.cfg, device)
         else:
             log.warning("run %s: site %s has no reported model (%s); left out of the protocol", run.run_id, site, best)
     if not models:
@@ -116,7 +117,7 @@ def evaluate_run(run: RunFiles, device: str | torch.device = "cpu") -> dict[str,
     cross = {m: {t: task.evaluate(model, tests[t]) for t in tests} for m, model in models.items()}
     own = {site: {k: cross[site][site][k] for k in metrics} for site in models}
     if run.global_model:
-        model = _loaded(method.build_global_model(), Path(run.global_model["file"]), device)
+        model = _loaded(method.build_global_model(), load_torch(Path(run.global_model["file"]), map_location=device), run.cfg, device)
         values = task.evaluate(model, pooled)
         generalization = {"model": "global", "round": run.global_model["round"], "per_site": None}
     else:
@@ -152,9 +153,7 @@ def _other_models(run: RunFiles, task, method, tests: dict[str, Split], pooled: 
             if not path.exists():
                 log.warning("run %s: site %s has no checkpoint (%s); its final %s is left out", run.run_id, site, path, role)
                 continue
-            model = method.build_model()
-            model.load_state_dict(load_torch(path, map_location=device)["models"][role])
-            model = model.to(device).eval()
+            model = _loaded(method.build_model(), load_torch(path, map_location=device)["models"][role], run.cfg, device)
             general[site] = {k: v for k, v in task.evaluate(model, pooled).items() if k in metrics}
             own[site] = {k: v for k, v in task.evaluate(model, tests[site]).items() if k in metrics}
         if general:
@@ -221,6 +220,7 @@ def summary_line(result: dict[str, Any]) -> str:
     )
 
 
-def _loaded(model: torch.nn.Module, path: Path, device: torch.device) -> torch.nn.Module:
-    model.load_state_dict(load_torch(path, map_location=device))
-    return model.to(device).eval()
+def _loaded(model: torch.nn.Module, state: dict[str, torch.Tensor], cfg: RunConfig, device: torch.device) -> torch.nn.Module:
+    """`model` with the weights `state`, on `device`, in evaluation mode, computing as the run trained it (`prrfl.numerics`)."""
+    model.load_state_dict(state)
+    return prepare_model(model.to(device), cfg).eval()

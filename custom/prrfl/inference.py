@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from prrfl.config import RunConfig
+from prrfl.numerics import prepare_model
 from prrfl.registry import build_method, build_task
 from prrfl.site.state import (
     CARD_FIELDS,
@@ -60,7 +61,8 @@ def card_path(model_path: str | Path) -> Path:
 
 
 def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu") -> SavedModel:
-    """The model of a best-model file, rebuilt from its card, in evaluation mode. Errors name the file:
+    """The model of a best-model file, rebuilt from its card, in evaluation mode, computing as it was trained (the
+    card's config: `prrfl.numerics`; its weights are float32 whatever the precision). Errors name the file:
     a missing model or card, a card of another format, a card edited since it was written (`check_content`),
     weights that are not the ones the card was written with (`check_weights`) or do not fit the card's network."""
     path = Path(model_path)
@@ -97,7 +99,7 @@ def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu")
     warnings = tuple(w for w in unchecked if w)
     for warning in warnings:
         log.warning("%s", warning)
-    return SavedModel(path, card, task, model.to(device).eval(), sha256, warnings)
+    return SavedModel(path, card, task, prepare_model(model.to(device), cfg).eval(), sha256, warnings)
 
 
 def check_weights(path: Path, card: dict[str, Any], sha256: str) -> str | None:

@@ -200,7 +200,7 @@ def sweep(
             print(f"[{i}/{len(runs)}] {run.name}: no generalization/specialization evaluation: {e}", flush=True)
         save_json({"config": run.cfg.to_dict(), "sites": sites, "simulator_seconds": round(seconds, 1)}, run.done_marker)
     labels = list(
-        dict.fromkeys(variant_label(run.method, run.cfg.method_args, run.cfg.class_loss) for run in runs)
+        dict.fromkeys(variant_label(run.method, run.cfg.method_args, run.cfg.to_dict()) for run in runs)
     )  # as the results name them
     report = build_report([run.workspace for run in runs], root / "report", methods=labels, task=task)
     print(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; report: {report}", flush=True)

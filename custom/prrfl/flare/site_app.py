@@ -32,6 +32,7 @@ from prrfl.flare.liveness import end_site_with_simulator
 from prrfl.flare.site_config import SettingsReport, SiteConfig, per_site_name
 from prrfl.inference import load_saved_model
 from prrfl.messages import PrepareReply
+from prrfl.numerics import prepare_model
 from prrfl.registry import build_method, build_task
 from prrfl.site.state import SiteRuntime
 from prrfl.site.trainer import estimate_round_seconds, run_round, score_last_download
@@ -186,8 +187,8 @@ def submit_best_model(site: str, state_dir: Path) -> flare.FLModel:
 
 
 def validate_model(site: str, model: flare.FLModel, local: SiteConfig) -> flare.FLModel:
-    """The received model, rebuilt from its card (a network of its method) and scored by the task's
-    evaluation on this site's own test split: the task's metrics (percent) as the result's metrics."""
+    """The received model, rebuilt from its card (a network of its method, computing as it was trained) and scored
+    by the task's evaluation on this site's own test split: the task's metrics (percent) as the result's metrics."""
     card = (model.meta or {}).get(CARD)
     if not card:
         raise ValueError(f"site {site}: the model to validate came without its model card ('{CARD}' in its meta)")
@@ -202,7 +203,7 @@ def validate_model(site: str, model: flare.FLModel, local: SiteConfig) -> flare.
         detail = " ".join(str(e).split())[:300]
         raise ValueError(f"the model of {card['site']} does not fit the {cfg.task}/{cfg.method} network of its card: {detail}") from None
     data = load_site_data(site, task, local, device)
-    metrics = task.evaluate(network.to(device), data.test, local.eval_batch_size)
+    metrics = task.evaluate(prepare_model(network.to(device), cfg), data.test, local.eval_batch_size)
     log.info("site %s: the model of %s on test split %s: %s", site, card["site"], data.cohort, metrics)
     return flare.FLModel(metrics=metrics, meta={"cohort": data.cohort, "test_samples": len(data.test)})
 

@@ -43,7 +43,9 @@ RESUME_MODES = (False, True, AUTO)
 
 def resume_problem(saved: dict[str, Any], requested: dict[str, Any], next_round: int) -> str | None:
     """The resume rule: the same config, except that num_rounds may grow (to extend a finished run)
-    but not fall below the rounds already completed. None when the run may resume, else what differs."""
+    but not fall below the rounds already completed. None when the run may resume, else what differs. A field the
+    saved config lacks (added to RunConfig since the run was saved) counts as its default, which is how that run ran."""
+    saved = {**RunConfig().to_dict(), **saved}
     fixed_saved, fixed_requested = {**saved, "num_rounds": None}, {**requested, "num_rounds": None}
     if fixed_saved != fixed_requested:
         changed = sorted(k for k in set(saved) | set(requested) if k != "num_rounds" and saved.get(k) != requested.get(k))

@@ -63,7 +63,7 @@ class APFL(FedAvg):
         if self.adaptive_alpha:
             lr = site.optimizers["personal"].param_groups[0]["lr"]
             site.memory["alpha"] = min(1.0, max(0.0, float(alpha.detach() - lr * alpha.grad)))
-        return {"shared": float(loss_w.detach()), "mixed": float(loss_mixed.detach())}
+        return {"shared": loss_w.detach(), "mixed": loss_mixed.detach()}
 
     def refresh_mixed(self, site: SiteView) -> None:
         """Write v_bar into the `mixed` model (parameters mixed, buffers from v)."""

@@ -169,9 +169,10 @@ class Method:
     def before_epoch(self, site: SiteView, epoch: int) -> None:
         pass
 
-    def train_batch(self, site: SiteView, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-        """One optimisation step on a batch; returns each trained model's loss. Default: forward every
-        role, sum `losses`, one backward, step every optimiser, then `after_batch`. Methods whose step
+    def train_batch(self, site: SiteView, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimisation step on a batch; returns each trained model's loss, detached, on the model's device
+        (the loop sums them there and reads them once per epoch: no wait for a GPU per batch). Default: forward
+        every role, sum `losses`, one backward, step every optimiser, then `after_batch`. Methods whose step
         is not one gradient step of a summed loss (meta-learning, inner solvers) override this."""
         outputs = {role: site.models[role](inputs) for role in self.roles}
         losses = self.losses(site, targets, outputs)
@@ -183,7 +184,7 @@ class Method:
         for opt in site.optimizers.values():
             opt.step()
         self.after_batch(site, targets, outputs)
-        return {role: float(loss.detach()) for role, loss in losses.items()}
+        return {role: loss.detach() for role, loss in losses.items()}
 
     def supervised_loss(self, site: SiteView, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The task's loss with the run's classification term (config `class_loss`): the method's own (`class_term`),
@@ -232,8 +233,9 @@ def proximal_term(model: torch.nn.Module, anchor: dict[str, torch.Tensor], mu: f
 
 
 def check_finite(site: SiteView, loss: torch.Tensor) -> None:
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"site {site.name}: non-finite training loss {float(loss)} (lower the learning rate?)")
+    """A non-finite training loss raises FloatingPointError naming the site: at once on the CPU, at the end of the
+    epoch on a GPU (`prrfl.methods.view.LossCheck`)."""
+    site.loss_check.check(loss)
 
 
 def global_class_counts(download: Download, method: str) -> list[int]:

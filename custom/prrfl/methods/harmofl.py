@@ -293,4 +293,4 @@ class HarmoFL(FedAvg):
             check=lambda value: check_finite(site, value),
             second_pass=lambda: running_statistics_kept(model),
         )
-        return {role: float(loss)}
+        return {role: loss}

@@ -86,7 +86,7 @@ class PerFedAvg(FedAvg):
             site.optimizers["shared"],
         )
         check_finite(site, loss)
-        return {"shared": float(loss)}
+        return {"shared": loss}
 
     def personalize(self, site: SiteView) -> None:
         personal = site.models["personal"]

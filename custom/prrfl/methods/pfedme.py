@@ -84,4 +84,4 @@ class PFedMe(FedAvg):
         with torch.no_grad():
             for mine, theirs in zip(shared.buffers(), personal.buffers()):
                 mine.copy_(theirs)
-        return {"personal": float(loss)}
+        return {"personal": loss}

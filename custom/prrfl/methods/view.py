@@ -20,6 +20,37 @@ if TYPE_CHECKING:
 Scalar = Callable[[str, float, int], None]  # (tag, value, step): one value of a site's tracked curves
 
 
+class LossCheck:
+    """Whether a site's training losses are finite (`prrfl.methods.base.check_finite`), tested the way its device
+    affords. On the CPU each loss is tested when it is checked, before its step: reading a value there costs
+    nothing. On a GPU reading it would make the host wait for the device at every batch, so each test is folded
+    into one flag that stays on the device (`deferred`), read once by `settle`: the loop settles at the end of
+    every epoch. Either way a non-finite loss raises FloatingPointError naming the site; on a GPU the epoch's
+    remaining steps have run by then, and the round fails all the same (nothing is uploaded or checkpointed)."""
+
+    def __init__(self, site: str, deferred: bool = False):
+        self.site = site
+        self.deferred = deferred
+        self.pending: torch.Tensor | None = None  # deferred: whether every loss checked since the last settle was finite
+
+    def check(self, loss: torch.Tensor) -> None:
+        if not self.deferred:
+            if not torch.isfinite(loss):
+                raise self.error(f"non-finite training loss {float(loss.detach())}")
+            return
+        finite = torch.isfinite(loss.detach()).all()
+        self.pending = finite if self.pending is None else self.pending & finite
+
+    def settle(self) -> None:
+        """Raise for a deferred loss that was not finite (one read of the device), and start afresh."""
+        pending, self.pending = self.pending, None
+        if pending is not None and not bool(pending):
+            raise self.error("non-finite training loss in this epoch")
+
+    def error(self, what: str) -> FloatingPointError:
+        return FloatingPointError(f"site {self.site}: {what} (lower the learning rate?)")
+
+
 @dataclass(frozen=True, eq=False)
 class SiteView:
     """One site as its method sees it during a round. The containers are the runtime's own: a hook
@@ -36,6 +67,7 @@ class SiteView:
     generator: torch.Generator  # the site's RNG for batches and augmentation
     evaluate: Callable[[str, str], dict[str, float]]  # (role, split name) -> the task's metrics
     log_scalar: Scalar
+    loss_check: LossCheck  # where check_finite tests a training loss
 
     @property
     def num_train(self) -> int:

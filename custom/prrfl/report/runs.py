@@ -7,11 +7,12 @@ import dataclasses
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prrfl.config import variant_settings
 from prrfl.metrics import improves
 from prrfl.registry import task_class
 from prrfl.storage import find_json, load_json
@@ -24,12 +25,13 @@ LEGACY_TASK = "derm"  # results files written before they named their task hold 
 
 
 # ----- the runs under a folder, for `prrfl results` -------------------------------------------
-def variant_label(method: str, method_args: dict[str, Any], class_loss: str = "method") -> str:
+def variant_label(method: str, method_args: dict[str, Any], run: Mapping[str, Any] | None = None) -> str:
     """`prr` for the method with its defaults; `prr[cpa_global=false,det_enabled=false]` for a run that sets
-    options (e.g. a Table IV ablation), so that such runs are reported apart from the method's own; a run whose
-    classification term is not the method's own (config `class_loss`) names it the same way
-    (`fedavg[class_loss="balanced_softmax"]`)."""
-    options = {**method_args, **({"class_loss": class_loss} if class_loss != "method" else {})}
+    options (e.g. a Table IV ablation), so that such runs are reported apart from the method's own. `run`: the
+    run's config or results, whose variant fields that are not the defaults are named the same way
+    (`prrfl.config.VARIANT_FIELDS`): a classification term that is not the method's own
+    (`fedavg[class_loss="balanced_softmax"]`), other numerics (`prr[precision="bf16"]`)."""
+    options = {**method_args, **variant_settings(run or {})}
     if not options:
         return method
     return f"{method}[{','.join(f'{k}={json.dumps(v)}' for k, v in sorted(options.items()))}]"
@@ -64,7 +66,7 @@ class SiteResult:
         if "site" not in data:
             return None
         keys = ("seed", "run_id", "site", "cohort", "rounds_completed", "best", "last", "ood", "history", "class_counts", "reported_model")
-        method = variant_label(data.get("method"), data.get("method_args") or {}, data.get("class_loss", "method"))
+        method = variant_label(data.get("method"), data.get("method_args") or {}, data)
         found = {k: data.get(k) for k in keys}
         return cls(
             path=path,

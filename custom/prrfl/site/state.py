@@ -32,8 +32,9 @@ import torch
 
 from prrfl.config import RunConfig
 from prrfl.data.manifest import fingerprint
-from prrfl.methods.view import Scalar, SiteView
+from prrfl.methods.view import LossCheck, Scalar, SiteView
 from prrfl.metrics import download_drops
+from prrfl.numerics import numerics, prepare_model
 from prrfl.storage import atomic_write, atomic_write_bytes, load_torch, save_json, save_torch_keeping_previous, set_aside
 from prrfl.tasks.base import SiteData, Task
 
@@ -208,13 +209,14 @@ class SiteRuntime:
         **fields: Any,
     ) -> SiteRuntime:
         """A site at the start of a run: the method's models, built under `torch.manual_seed(model_seed)`
-        (so every site with the same seed starts from the same weights), their optimizers, and the
+        (so every site with the same seed starts from the same weights) and set up for the run's numerics
+        (`prrfl.numerics.prepare_model`, compiled when the config says so), their optimizers, and the
         generator of batch orders and augmentations, seeded with `generator_seed` (default `model_seed`).
         `fields` are the other fields (run_id, log_scalar, ...). A FLARE site (`prrfl.flare.site_app`)
         then restores its state; benchmarks and tests use the site as it is."""
         device = device or torch.device("cpu")
         torch.manual_seed(model_seed)
-        models = {role: method.build_model().to(device) for role in method.roles}
+        models = {role: prepare_model(method.build_model().to(device), cfg, compiled=True) for role in method.roles}
         optimizers = {role: method.build_optimizer(m) for role, m in models.items()}
         generator = torch.Generator().manual_seed(model_seed if generator_seed is None else generator_seed)
         return cls(name, cfg, task, method, data, device, state_dir, models, optimizers, generator, **fields)
@@ -233,6 +235,7 @@ class SiteRuntime:
             generator=self.generator,
             evaluate=self.evaluate,
             log_scalar=self.log_scalar,
+            loss_check=LossCheck(self.name, deferred=self.device.type != "cpu"),
         )
 
     # ----- evaluation ------------------------------------------------------------------
@@ -265,11 +268,12 @@ class SiteRuntime:
         return self.task.evaluate(self.best_model(), split, self.eval_batch_size)
 
     def best_model(self) -> torch.nn.Module | None:
-        """The reported model at its best validation round (None before the first eligible round)."""
+        """The reported model at its best validation round (None before the first eligible round), computing
+        as the trained models do (uncompiled: it is evaluated once)."""
         best_file = self.state_dir / f"best_{self.method.eval_role}.pt"
         if not best_file.exists():
             return None
-        model = self.method.build_model().to(self.device)
+        model = prepare_model(self.method.build_model().to(self.device), self.cfg)
         model.load_state_dict(load_torch(best_file, map_location=self.device))
         return model
 
@@ -422,6 +426,7 @@ class SiteRuntime:
             "method": self.cfg.method,
             "method_args": self.cfg.method_args,  # the options set for this run (an ablation's switches)
             "class_loss": self.cfg.class_loss,  # the classification term: the method's own, or balanced softmax for all
+            **numerics(self.cfg),  # how the models computed: precision, channels_last, torch_compile (prrfl.numerics)
             "reported_model": self.method.eval_role,  # the model whose metrics are `best`, `last` and `history`'s valid/test
             # when it is scored: "download" (the global model, as received: `best`/`last` are download records, their
             # round the aggregate's) or "round" (after the local epochs)

@@ -177,22 +177,30 @@ def check_can_join(site: SiteRuntime, download: Download, round_idx: int) -> Non
 
 def train_epoch(site: SiteRuntime, view: SiteView) -> dict[str, float]:
     """One pass over the site's training split, in the task's batches; returns the mean loss of each
-    trained model. `view`: the site as the method's hooks see it."""
+    trained model. `view`: the site as the method's hooks see it. The batches' losses are summed where
+    they are, on the models' device, in float64 (the same numbers as summing them as Python floats), and read
+    once, after the epoch, with the epoch's deferred finite checks (`LossCheck.settle`): on a GPU the host
+    never waits for the device between batches."""
     method, train = site.method, site.data.train
     for role in method.roles:
         site.models[role].train()
-    totals: dict[str, float] = {}
+    totals: dict[str, torch.Tensor] = {}
     for inputs, targets in site.task.train_batches(train, site.cfg.batch_size, site.generator):
         for role, loss in method.train_batch(view, inputs, targets).items():
-            totals[role] = totals.get(role, 0.0) + loss * len(targets)
-    return {role: total / max(len(train), 1) for role, total in totals.items()}
+            weighted = loss.detach().double() * len(targets)
+            totals[role] = totals[role] + weighted if role in totals else weighted
+    view.loss_check.settle()
+    summed = torch.stack(list(totals.values())).tolist() if totals else []
+    return {role: total / max(len(train), 1) for role, total in zip(totals, summed)}
 
 
 def estimate_round_seconds(site: SiteRuntime, repeats: int = 2) -> float:
     """A rough cost of one round at this site, measured before the first one (the server's first-round
     deadline is a multiple of it): the seconds per image of one training step of the task's model on one
     batch, times the images a round trains (every model of the method) plus its evaluations at a third
-    of that cost. The site's models, generator and the global RNG are left as they were."""
+    of that cost. The site's models, generator and the global RNG are left as they were. The step is timed
+    with the run's numerics, uncompiled (a copy of a model is: `prrfl.numerics.NumericsForward`): with
+    `torch_compile` the first round also spends the compilation, which this does not count."""
     cfg, data = site.cfg, site.data
     model = copy.deepcopy(site.models[site.method.roles[0]]).train()
     seconds = []
