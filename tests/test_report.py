@@ -333,8 +333,8 @@ def test_sweep_exports_each_run_runs_the_simulator_and_reports(tmp_path, capsys)
     assert command[4] == str(tmp_path / "jobs" / "prr_s0" / "derm_prr")
     assert command[5:] == ["-w", str(tmp_path / "prr_s0"), "-n", "4", "-t", "4"]
     assert [(c["seed"], c["run_name"], c["num_rounds"], c["data"]) for c in fake.configs] == [
-        (0, "derm_prr_s0", 3, {"image_size": 32, "synthetic_scale": 0.04}),  # the quick profile's scale kept
-        (1, "derm_prr_s1", 3, {"image_size": 32, "synthetic_scale": 0.04}),
+        (0, "derm_prr_s0", 3, {"image_size": 32, "synthetic_scale": 0.04, "synthetic_raw_size": [160, 120]}),  # the quick profile's kept
+        (1, "derm_prr_s1", 3, {"image_size": 32, "synthetic_scale": 0.04, "synthetic_raw_size": [160, 120]}),
     ]
     assert (tmp_path / "prr_s1.log").exists()
     assert report == tmp_path / "report" / "report.md" and "81.00 ± 1.41" in report.read_text()
