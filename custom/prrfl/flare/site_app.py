@@ -27,6 +27,7 @@ from nvflare.client.tracking import SummaryWriter
 from prrfl.config import RunConfig
 from prrfl.flare import places
 from prrfl.flare import protocol as P
+from prrfl.flare.console import quiet_flare_console
 from prrfl.flare.cross_site import CARD
 from prrfl.flare.liveness import end_site_with_simulator
 from prrfl.flare.site_config import SettingsReport, SiteConfig, per_site_name
@@ -128,6 +129,7 @@ def job_arguments(argv: list[str] | None) -> tuple[str | None, list[str]]:
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     flare.init()
+    quiet_flare_console()  # FLARE's INFO plumbing off this site's console (PRRFL_FLARE_LOG=full keeps it)
     end_site_with_simulator()  # in the simulator: this site ends when the simulator's main process is gone
     site, job_id = flare.get_site_name(), flare.get_job_id()
     run_name, argv = job_arguments(argv)

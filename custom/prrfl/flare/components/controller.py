@@ -30,6 +30,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.model_controller import ModelController
 
 from prrfl.flare import places
+from prrfl.flare.console import quiet_flare_console
 from prrfl.flare.liveness import WorkerWatch, end_simulator_with_its_command, release_lost_workers
 
 RESEND_LIMIT = 5  # a client that fetches the same task this many times without answering cannot read it
@@ -67,6 +68,7 @@ class PerClientController(ModelController):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("ignore_result_error", True)  # a failed client must not end the job
         super().__init__(*args, **kwargs)
+        quiet_flare_console()  # FLARE's INFO plumbing off the server's console (PRRFL_FLARE_LOG=full keeps it)
         self.lost: dict[str, int] = {}
         self._orphan_watch = None  # the thread that ends the simulator when its command is gone
         self.failed: dict[str, str] = {}  # client -> the error code its task of the current send_each ended with
