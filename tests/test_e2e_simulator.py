@@ -325,7 +325,7 @@ def test_mlflow_tracking_through_flares_receiver(tmp_path, monkeypatch, store):
     run wipes; or a file store given as tracking_uri."""
     from mlflow import MlflowClient
 
-    from prrfl.flare.mlflow_tracking import mlflow_params
+    from prrfl.flare.mlflow_tracking import method_arguments, mlflow_params
     from prrfl.registry import build_task
 
     uri = None
@@ -347,14 +347,15 @@ def test_mlflow_tracking_through_flares_receiver(tmp_path, monkeypatch, store):
     found = client.search_runs([experiment.experiment_id])
     runs = {r.info.run_name: r for r in found}
     assert sorted(runs) == ["federation", *(f"{s}_{c}" for s, c in cohorts.items())]
-    params = mlflow_params({**cfg.to_dict(), "data": build_task(cfg).data_cfg})  # the data settings the task uses
+    # the data settings the task uses, the options the method runs with
+    params = mlflow_params({**cfg.to_dict(), "method_args": method_arguments(cfg), "data": build_task(cfg).data_cfg})
     assert params["method_args.det_enabled"] == "true" and params["data.synthetic_raw_size"] == "[96, 72]"
     assert "data.heldout_min_per_class" in params  # a default the job does not set is logged too
     run_id = json.loads((tmp_path / "ws/server/simulate_job/results.json").read_text())["run_id"]
     for name, run in runs.items():
         assert run.data.tags["mlflow.runName"] == run.data.tags["run_name"] == name  # one name, whatever shows it
         assert run.data.params == params  # the whole config, on every run
-        assert run.data.tags["job_id"] == "simulate_job"  # FLARE's id of the job, not the time
+        assert run.data.tags["job_id"] == run_id  # the run's id: FLARE's is "simulate_job" for every simulator job
     for s in cohorts:
         assert runs[f"{s}_{cohorts[s]}"].data.tags["prrfl_run_id"] == run_id
     for s, c in cohorts.items():

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import json
 from types import SimpleNamespace
 
 from conftest import tiny_derm_config
 from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH
 
 from prrfl.flare.mlflow_tracking import MLflowRunReceiver, flatten, mlflow_params, workflow_config
+from prrfl.methods.fedavg import FedProx
 
 
 def test_the_config_becomes_flat_params_within_mlflows_limits():
@@ -52,9 +56,26 @@ def test_runs_are_named_by_their_origin_and_the_config_is_the_workflows():
     assert receiver._get_run_name({}, "site-1", "1718000000", "derm_prr") == "site-1"
     cfg = tiny_derm_config()
     logged = workflow_config(context("/x", "j", SimpleNamespace(cfg=cfg)))
-    assert {k: v for k, v in logged.items() if k != "data"} == {k: v for k, v in cfg.to_dict().items() if k != "data"}
+    mine = ("data", "method_args")
+    assert {k: v for k, v in logged.items() if k not in mine} == {k: v for k, v in cfg.to_dict().items() if k not in mine}
     assert workflow_config(context("/x", "j", None)) is None
-    assert receiver._get_job_id_tag(context("/x", "simulate_job")) == "simulate_job"  # not the time, as FLARE's receiver
+    # at the run's creation FLARE's id (not the time, as FLARE's receiver); the run's id replaces it once known
+    assert receiver._get_job_id_tag(context("/x", "simulate_job")) == "simulate_job"
+
+
+def test_the_method_options_are_logged_with_the_methods_defaults_filled_in():
+    """A job that sets no method option logs what the method runs with (not `method_args: {}`); a set one wins."""
+    from prrfl.flare.mlflow_tracking import method_arguments
+    from prrfl.methods.prr import PRROptions
+
+    defaults = PRROptions()
+    args = method_arguments(tiny_derm_config())
+    assert args["det_enabled"] is defaults.det_enabled and args["det_split"] == defaults.det_split
+    assert set(args) == {f.name for f in dataclasses.fields(PRROptions)}
+    assert method_arguments(tiny_derm_config(method_args={"det_split": "train"}))["det_split"] == "train"
+    assert method_arguments(tiny_derm_config(method="fedprox"))["mu"] == inspect.signature(FedProx.__init__).parameters["mu"].default
+    params = mlflow_params(workflow_config(context("/x", "j", SimpleNamespace(cfg=tiny_derm_config()))))
+    assert params["method_args.det_enabled"] == json.dumps(defaults.det_enabled) and "method_args" not in params
 
 
 def test_the_data_settings_are_logged_with_the_tasks_defaults_filled_in():

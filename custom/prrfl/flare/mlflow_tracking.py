@@ -8,11 +8,13 @@ The `run_name` tag is renamed with the run, so it always equals the name the UI 
 
 Params: every run carries the run's config (`mlflow_params`), read from the job's workflow when the job
 starts, so a hand-edited job folder logs the config it actually runs; its `data` settings are those the task
-uses, its defaults filled in (image size, scale, seeds), not only the ones the job sets.
+uses and its `method_args` those the method runs with, their defaults filled in (image size, scale, seeds; DET's
+and CPA's settings), not only the ones the job sets.
 
-Tags: `job_id` is FLARE's id of the job (FLARE's own receiver puts the time there in the simulator, where
-every job is "simulate_job"); `prrfl_run_id` is the run's id (results.json, the server log), set once the
-workflow has started or resumed the run.
+Tags: `prrfl_run_id` is the run's id (results.json, the server log), set once the workflow has started or
+resumed the run. `job_id` is FLARE's id of the job in a deployment; in the simulator, where every job is
+"simulate_job" (FLARE's own receiver puts the time there), it becomes the run's id as soon as that is known, so
+that runs of one simulator workspace are told apart by the same id as their results.
 
 Store: `tracking_uri` when given (a tracking server, or a local store such as file:///path/mlruns). Otherwise
 an SQLite file `mlflow.db` where a re-run does not delete it (FLARE's default, the job's result folder, is
@@ -37,12 +39,13 @@ from nvflare.app_opt.tracking.mlflow.mlflow_receiver import MLflowReceiver
 from prrfl.config import RunConfig
 from prrfl.flare import places
 from prrfl.flare.run_names import EVENTS, FEDERATION_RUN, RUN_ID_PROP, cohorts_of, is_from_server, run_name
-from prrfl.registry import build_task
+from prrfl.registry import build_task, method_class
 
 STORE_FILE = "mlflow.db"
 ARTIFACTS_DIR = "mlflow-artifacts"  # beside the default store
 WORKFLOW_ID = "workflow"  # the component id of the workflow in every prrfl job (prrfl.flare.recipe)
 RUN_NAME_TAG = "run_name"  # FLARE's tag holding the run's name
+SIMULATOR_JOB_ID = "simulate_job"  # FLARE's simulator gives every job this id
 
 
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -71,19 +74,27 @@ def mlflow_params(config: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def method_arguments(cfg: RunConfig) -> dict[str, Any]:
+    """The options the run's method runs with: its constructor's defaults (`Method.option_parameters`), the job's
+    `method_args` over them."""
+    defaults = {name: p.default for name, p in method_class(cfg.method).option_parameters().items() if p.default is not p.empty}
+    return {**defaults, **cfg.method_args}
+
+
 def workflow_config(fl_ctx: FLContext) -> dict[str, Any] | None:
-    """The validated config of the job's workflow, its data settings as the task resolves them (defaults
-    included); None in a job without a prrfl workflow."""
+    """The validated config of the job's workflow, its data settings as the task resolves them and its method's
+    options as the method runs with them (defaults included); None in a job without a prrfl workflow."""
     cfg = getattr(fl_ctx.get_engine().get_component(WORKFLOW_ID), "cfg", None)
     if not isinstance(cfg, RunConfig):
         return None
-    return {**cfg.to_dict(), "data": dict(build_task(cfg).data_cfg)}
+    return {**cfg.to_dict(), "method_args": method_arguments(cfg), "data": dict(build_task(cfg).data_cfg)}
 
 
 class MLflowRunReceiver(MLflowReceiver):
     def __init__(self, tracking_uri: str | None = None, kw_args: dict[str, Any] | None = None, events: list[str] | None = None):
         super().__init__(tracking_uri=tracking_uri, kw_args=kw_args, events=events or EVENTS)
         self._named: set[str] = set()  # sites whose run already carries the cohort
+        self._run_tagged: set[str] = set()  # runs that already carry the prrfl run id
 
     @property
     def experiment(self) -> str:
@@ -136,13 +147,18 @@ class MLflowRunReceiver(MLflowReceiver):
         if record_origin not in self._named:
             cohort = cohorts_of(fl_ctx).get(record_origin)
             client, run_id = self.get_mlflow_client(record_origin), self.get_run_id(record_origin)
-            prrfl_run = fl_ctx.get_prop(RUN_ID_PROP)
-            if prrfl_run and client and run_id:
-                client.set_tag(run_id, "prrfl_run_id", prrfl_run)
             if cohort and client and run_id:
                 name = run_name(record_origin, {record_origin: cohort})
                 client.update_run(run_id, name=name)  # MLflow's own mlflow.runName tag follows
                 client.set_tag(run_id, RUN_NAME_TAG, name)
                 client.set_tag(run_id, "cohort", cohort)
                 self._named.add(record_origin)
+        prrfl_run = fl_ctx.get_prop(RUN_ID_PROP)
+        if prrfl_run and record_origin not in self._run_tagged:
+            client, run_id = self.get_mlflow_client(record_origin), self.get_run_id(record_origin)
+            if client and run_id:
+                client.set_tag(run_id, "prrfl_run_id", prrfl_run)
+                if fl_ctx.get_job_id() == SIMULATOR_JOB_ID:
+                    client.set_tag(run_id, "job_id", prrfl_run)
+                self._run_tagged.add(record_origin)
         super().save(fl_ctx, shareable, record_origin)
