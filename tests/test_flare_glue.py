@@ -268,3 +268,26 @@ def test_the_federation_tracks_a_global_models_scores_where_the_sites_log_them(m
     sent.clear()
     flow._track_round(2, {"A": summary("round", 15, 50.0), "B": summary("round", 15, 70.0)}, {}, "f1")
     assert sent == [(10, {}), (14, {"federation/sites_aggregated": 2, "valid/f1": 60.0, "test/f1": 61.0})]
+
+
+def test_the_federation_shows_a_download_reporting_sites_own_model_and_the_last_aggregates_scores():
+    """FedBN, SiloBN, FedAvg: beside the reported global model (valid_global/...), the mean of the sites' models after
+    the round's local epochs (`trained`, valid/...); the last aggregate, scored after the last round, lands at the last
+    epoch (step num_rounds x E - 1) as valid_global/... (hand-computed means)."""
+    from prrfl.flare.workflow import site_means
+
+    def site(f1_global: float, f1_own: float) -> dict:
+        return {
+            "last": {"kind": "download", "epochs_done": 10, "valid": {"f1": f1_global}, "test": {"f1": f1_global + 1}},
+            "trained": {"round": 2, "epochs_done": 15, "valid": {"f1": f1_own}, "test": {"f1": f1_own + 2}},
+        }
+
+    assert site_means({"A": site(50.0, 70.0), "B": site(60.0, 80.0)}, 14) == {
+        9: {"valid_global/f1": 55.0, "test_global/f1": 56.0},
+        14: {"valid/f1": 75.0, "test/f1": 77.0},
+    }
+    last = {"kind": "download", "epochs_done": 20, "valid": {"f1": 40.0}, "test": {"f1": 30.0, "auc": 70.0}}
+    assert site_means({"A": {"last": last}, "B": {"last": {**last, "test": {"f1": 50.0, "auc": 80.0}}}}, 19) == {
+        19: {"valid_global/f1": 40.0, "test_global/f1": 40.0, "test_global/auc": 75.0}
+    }
+    assert site_means({"A": {"last": None}}, 4) == {}

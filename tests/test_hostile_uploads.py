@@ -123,6 +123,10 @@ HOSTILE_UPLOADS = {  # site_result's arguments from the good params -> the reaso
         lambda good: {"summary": {"last": {"test": {"accuracy": "high"}}}},
         "summary['last']['test'] must map metric names to numbers",
     ),
+    "a trained record of strings": (
+        lambda good: {"summary": {"trained": {"epochs_done": "ten", "valid": {}}}},
+        "summary['trained']['epochs_done'] must be a non-negative integer, got 'ten'",
+    ),
 }
 
 

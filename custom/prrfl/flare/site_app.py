@@ -244,8 +244,15 @@ def run_task(runtime: SiteRuntime, task_name: str, model: flare.FLModel, setting
 
 def round_summary(runtime: SiteRuntime, round_idx: int) -> dict:
     """What the server keeps of a site's task: its best and last scores, its out-of-distribution scores, its
-    cohort and the drop right after round `round_idx`'s download (the federation run's mean drop)."""
+    cohort and the drop right after round `round_idx`'s download (the federation run's mean drop). Where the site
+    reports the model it downloads (a global-model method), `trained` adds the scores of its model after the round's
+    local epochs (for FedBN and SiloBN the site's own model), which the federation's tracking run shows beside the
+    reported one."""
     results = runtime.results()
     summary = {k: results[k] for k in ("best", "last", "ood", "cohort")}
     summary["download_drop"] = runtime.download_drop(round_idx)
+    if runtime.method.reports_download():
+        trained = next((h for h in reversed(runtime.history) if h["kind"] == "round" and h["round"] == round_idx), None)
+        if trained is not None:
+            summary["trained"] = {k: trained[k] for k in ("round", "epochs_done", "valid", "test")}
     return summary

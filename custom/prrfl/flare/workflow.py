@@ -306,6 +306,8 @@ class PersonalizedWorkflow(PerClientController):
             except OSError as e:
                 self.warning(f"cannot save the server's state with the last round's scores: {e}; the results below hold them")
             self.state = new
+            for step, values in sorted(site_means(summaries, cfg.num_rounds * cfg.local_epochs - 1).items()):
+                send_scalars(self, self.fl_ctx, values, step)  # the last aggregate's scores in the federation run
             metric = self.federation.task.primary_metric
             tests = {s: (v.get("last") or {}).get("test", {}) for s, v in sorted(summaries.items())}
             scores = ", ".join(f"{s} {metric}={test[metric]:.1f}" for s, test in tests.items() if metric in test)
@@ -430,19 +432,8 @@ class PersonalizedWorkflow(PerClientController):
         own server values (e.g. pfa/r), at the epoch the round's download is used."""
         epochs = self.cfg.local_epochs
         start, end = round_idx * epochs, (round_idx + 1) * epochs - 1
-        scalars: dict[tuple[str, int], list[float]] = {}
-        for summary in summaries.values():
-            last = summary.get("last") or {}
-            # a global model scored at this round's download (valid_global/..., at the end of the round it is the
-            # aggregate of, as the sites log it), or the model after this round's local epochs (valid/...)
-            suffix = "_global" if last.get("kind") == "download" else ""
-            step = last.get("epochs_done", end + 1) - 1
-            for split in ("valid", "test"):
-                for name, value in (last.get(split) or {}).items():
-                    scalars.setdefault((f"{split}{suffix}/{name}", step), []).append(value)
-        at_step: dict[int, dict[str, float]] = {end: {"federation/sites_aggregated": len(summaries)}}
-        for (tag, step), values in scalars.items():
-            at_step.setdefault(step, {})[tag] = nanmean(values)
+        at_step = site_means(summaries, end)
+        at_step.setdefault(end, {})["federation/sites_aggregated"] = len(summaries)
         drops = [s["download_drop"] for s in summaries.values() if s.get("download_drop") is not None]
         at_start = dict(method_scalars)
         if drops:
@@ -460,6 +451,28 @@ class PersonalizedWorkflow(PerClientController):
             save_json(results, folder / "results.json")
             save_text(table + "\n", folder / "results.md")
         self.info("per-site results of the personalized models (best round on validation):\n" + table)
+
+
+def site_means(summaries: dict[str, Any], end: int) -> dict[int, dict[str, float]]:
+    """The sites' mean valid and test metrics by step (local epochs done - 1, as the sites log them): of the reported
+    model (`last`: a global model scored at its download is tagged valid_global/..., at the end of the round it is
+    the aggregate of; a model after the round's local epochs valid/...), and of the model after the local epochs
+    where a site reports its download (`trained`, valid/...). `end` is the step of a record without epochs_done."""
+    scalars: dict[tuple[str, int], list[float]] = {}
+    for summary in summaries.values():
+        last = summary.get("last") or {}
+        records = [(last, "_global" if last.get("kind") == "download" else "")]
+        if summary.get("trained"):
+            records.append((summary["trained"], ""))
+        for record, suffix in records:
+            step = record.get("epochs_done", end + 1) - 1
+            for split in ("valid", "test"):
+                for name, value in (record.get(split) or {}).items():
+                    scalars.setdefault((f"{split}{suffix}/{name}", step), []).append(value)
+    at_step: dict[int, dict[str, float]] = {}
+    for (tag, step), values in scalars.items():
+        at_step.setdefault(step, {})[tag] = nanmean(values)
+    return at_step
 
 
 def round_answers(answers: Answers) -> RoundAnswers:

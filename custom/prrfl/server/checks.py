@@ -152,15 +152,15 @@ def round_value(values: Mapping[str, V], rank: Callable[[V], Any] = lambda value
 
 def summary_problem(summary: Any) -> str | None:
     """None when a site's round summary is what the server logs, tracks and saves: a dict of plain data (as
-    JSON holds it) whose `best` and `last` records, when set, are dicts with numbers as their valid and test
-    metrics and an integer `epochs_done`, and whose `download_drop` is a number or None; else a one-line reason."""
+    JSON holds it) whose `best`, `last` and `trained` records, when set, are dicts with numbers as their valid and
+    test metrics and an integer `epochs_done`, and whose `download_drop` is a number or None; else a one-line reason."""
     if not isinstance(summary, Mapping):
         return f"its round summary is {type_of(summary)}, expected a dict"
     try:
         json.dumps(summary, sort_keys=True, allow_nan=True)
     except (TypeError, ValueError, RecursionError) as e:
         return f"its round summary is not plain data ({str(e)[:80]})"
-    for name in ("best", "last"):
+    for name in ("best", "last", "trained"):
         record = summary.get(name)
         if record is None:
             continue
