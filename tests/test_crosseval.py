@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import tiny_derm_config
 from sklearn.metrics import balanced_accuracy_score
-from test_e2e_simulator import finished_simulation
+from test_e2e_simulator import finished_simulation, scalars_of
 
 from prrfl.config import RunConfig
 from prrfl.crosseval import find_runs, write_crosseval
@@ -164,6 +164,14 @@ def test_harmofl_run_shares_one_frozen_amplitude_and_scores_with_its_global_mode
         history = json.loads(next(ws.glob(f"{site}/prrfl/*/results.json")).read_text())["history"]
         assert [h["global_round"] for h in history if h["kind"] == "download"] == list(range(rounds))
         assert summary["last"] == next(h for h in reversed(history) if h["kind"] == "download")
+    # the federation's tracking run: the last aggregate's mean test at the last epoch, and the sites' models after
+    # their local epochs (valid/..., test/...) at each round's end, beside the reported global model
+    fed = scalars_of(ws / "server/simulate_job/tb_events/federation")
+    epochs, metric = server["config"]["local_epochs"], "bacc" if "test_global/bacc" in fed else "f1"
+    last_step = rounds * epochs - 1
+    scored = [s["last"]["test"][metric] for s in server["sites"].values()]
+    assert fed[f"test_global/{metric}"][last_step] == pytest.approx(sum(scored) / len(scored), abs=1e-4)
+    assert sorted(fed[f"test/{metric}"]) == [r * epochs + epochs - 1 for r in range(rounds)]
     assert global_amplitude.abs().sum() > 0
     for amplitude in amplitudes:  # frozen after round 0: round 1 trained with the average, unchanged
         assert torch.equal(amplitude, global_amplitude)
