@@ -115,7 +115,7 @@ def test_deploy_poc_two_sites(tmp_path, capsys):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    assert "all 2 sites connected" in out and "round 2/2" in out and "| **mean** |" in out
+    assert "all 2 sites connected" in out and "round 1 (rounds 0-1)" in out and "| **mean** |" in out
     for site in SITES:
         assert f"| {site} |" in out
         assert list((work / "result").rglob(f"tb_events/{site}_*/events.out.tfevents.*")), f"no TensorBoard events for {site}"
@@ -149,7 +149,7 @@ def test_ctrl_c_mid_job_stops_every_process(tmp_path):
     seen = []
     for line in proc.stdout:  # until the job runs
         seen.append(line)
-        if "round 1/50" in line:
+        if "round 0 (rounds 0-49)" in line:
             break
     assert proc.poll() is None, "".join(seen)[-4000:]
     wait_for(lambda: our_processes(str(work)), 30, "the FLARE processes to be listed")  # there are some to stop

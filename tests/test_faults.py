@@ -123,7 +123,7 @@ def test_a_site_killed_mid_round_is_left_out_then_rejoins_from_its_checkpoint(de
     kept = sorted(s for s in dep.kits.sites if s != lost)
     job = with_workflow_args(tiny_job(dep.root, "site_lost", num_rounds=3), dep.root / "lost", min_task_timeout=20.0)
     job_id = dep.sess.submit_job(str(job))
-    wait_for(lambda: "round 2/3: sending" in server_log(dep, job_id), 180, "round 2 to start")
+    wait_for(lambda: "round 1 (rounds 0-2): sending" in server_log(dep, job_id), 180, "round 2 to start")
     dep.kill(lost)
     try:
         checkpoint = torch.load(dep.kits.kit(lost) / "prrfl/site_lost/site_state.pt", weights_only=False)
@@ -133,7 +133,9 @@ def test_a_site_killed_mid_round_is_left_out_then_rejoins_from_its_checkpoint(de
         assert [h["sites"] for h in state["history"]] == [sorted(dep.kits.sites), kept]
         log = server_log(dep, job_id)
         # the round ended at its own deadline (the 20 s floor: the round before took seconds), not FLARE's 600 s heartbeat
-        deadline = re.search(r"round 2/3: sending each of 3 sites its own model; deadline (\d+) s \(3 x the slowest round so far", log)
+        deadline = re.search(
+            r"round 1 (rounds 0-2): sending each of 3 sites its own model; deadline (\d+) s \(3 x the slowest round so far", log
+        )
         assert deadline and int(deadline[1]) < 600, log[-3000:]
         assert f"round 1: no result from {lost}: no result within the deadline" in log
     finally:  # whatever failed above, the deployment's later tests need every site and no running job
@@ -164,7 +166,7 @@ def test_a_site_job_process_killed_while_its_client_runs_ends_the_job_and_a_resu
     victim = dep.kits.sites[2]
     job = tiny_job(dep.root, "job_died", num_rounds=2)
     job_id = dep.sess.submit_job(str(job))
-    wait_for(lambda: "round 2/2: sending" in server_log(dep, job_id), 180, "round 2 to start")
+    wait_for(lambda: "round 1 (rounds 0-1): sending" in server_log(dep, job_id), 180, "round 2 to start")
     client = psutil.Process(dep.procs.procs[victim].pid)
     worker = next(p for p in client.children(recursive=True) if "nvflare.private.fed.app.client.worker_process" in p.cmdline())
     worker.kill()
@@ -186,7 +188,7 @@ def test_a_site_frozen_mid_round_is_left_out_and_the_job_still_ends(deployment):
     frozen_site = dep.kits.sites[2]
     job = with_workflow_args(tiny_job(dep.root, "site_frozen", num_rounds=2), dep.root / "frozen", min_task_timeout=20.0)
     job_id = dep.sess.submit_job(str(job))
-    wait_for(lambda: "round 1/2: sending" in server_log(dep, job_id), 180, "round 1 to start")
+    wait_for(lambda: "round 0 (rounds 0-1): sending" in server_log(dep, job_id), 180, "round 1 to start")
     client = psutil.Process(dep.procs.procs[frozen_site].pid)
     worker = next(p for p in client.children(recursive=True) if "nvflare.private.fed.app.client.worker_process" in p.cmdline())
     worker.send_signal(signal.SIGSTOP)

@@ -85,7 +85,7 @@ def test_a_site_killed_in_the_first_round_is_left_out_and_the_job_ends_with_it_m
     (ws / "local" / "prrfl_site.site-7.json").write_text("{}")  # names no site of the job
     sim = simulator(job, ws, 3, tmp_path / "cache", log)
     try:
-        wait_for(lambda: "round 1/3: sending" in log.read_text(errors="replace"), 240, "round 1 to start")
+        wait_for(lambda: "round 0 (rounds 0-2): sending" in log.read_text(errors="replace"), 240, "round 1 to start")
         site_worker(sim, "site-3").send_signal(signal.SIGKILL)
         assert finish(sim, 300) == 0
     finally:
@@ -94,7 +94,7 @@ def test_a_site_killed_in_the_first_round_is_left_out_and_the_job_ends_with_it_m
     state_root = tmp_path / "ws.state"
     assert not (state_root / "site-3/derm_prr/site_state.pt").exists(), "site-3 finished round 0 before the kill"
     deadline = re.search(
-        r"round 1/3: sending each of 3 sites its own model; deadline (\d+) s \(5 x the sum of the sites' estimates of a round, "
+        r"round 0 (rounds 0-2): sending each of 3 sites its own model; deadline (\d+) s \(5 x the sum of the sites' estimates of a round, "
         r"([\d.]+) s; at least 60 s\)",
         out,
     )
@@ -134,7 +134,7 @@ def test_a_site_killed_during_prepare_is_left_out_at_once_and_a_frozen_site_does
             lambda: site_log.exists() and "execute for task (prepare)" in site_log.read_text(errors="replace"), 240, "site-3 to prepare"
         )
         worker_when_up(sim, "site-3").send_signal(signal.SIGKILL)
-        wait_for(lambda: "round 1/2: sending" in log.read_text(errors="replace"), 240, "round 1 to start")
+        wait_for(lambda: "round 0 (rounds 0-1): sending" in log.read_text(errors="replace"), 240, "round 1 to start")
         frozen = site_worker(sim, "site-2")
         frozen.send_signal(signal.SIGSTOP)
         assert finish(sim, 300) == 0
@@ -144,7 +144,7 @@ def test_a_site_killed_during_prepare_is_left_out_at_once_and_a_frozen_site_does
         kill_process_tree(sim.pid, grace=0)
     out = log.read_text(errors="replace")
     assert "site-3 cannot take part in this run: no answer to prepare: its simulator process ended without an answer" in out
-    assert "only 2 of 3 sites prepared" not in out and "round 1/2: sending each of 2 sites" in out
+    assert "only 2 of 3 sites prepared" not in out and "round 0 (rounds 0-1): sending each of 2 sites" in out
     assert ": no result from site-2: no result within the deadline" in out  # round 0, or 1 if it was that quick
     assert re.search(r"site-2: its simulator process \d+ is stopped \(kill -STOP\?\); killed it so the simulator can exit", out), out[
         -3000:

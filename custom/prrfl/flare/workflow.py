@@ -284,7 +284,7 @@ class PersonalizedWorkflow(PerClientController):
         if not self.federation.method.reports_download() or not self.state.history:
             return True
         cfg, state, sites = self.cfg, self.state, self.sites
-        self.info(f"after round {cfg.num_rounds}/{cfg.num_rounds}: each site scores the last round's global model")
+        self.info(f"after the last round ({cfg.num_rounds - 1}): each site scores its global model")
         models = self.round_models(sites, cfg.num_rounds)
         answers = self.send_each(P.TASK_SCORE, models, self.round_deadline(cfg.num_rounds), None)
         if self.abort_signal.triggered:

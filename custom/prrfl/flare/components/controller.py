@@ -91,7 +91,7 @@ class PerClientController(ModelController):
             self.round_started(round_idx, num_rounds)
             deadline = self.round_deadline(round_idx)
             self.info(
-                f"round {round_idx + 1}/{num_rounds}: sending each of {len(clients)} {self.client_noun} its own model{self.deadline_note(round_idx, deadline)}"
+                f"round {round_idx} (rounds 0-{num_rounds - 1}): sending each of {len(clients)} {self.client_noun} its own model{self.deadline_note(round_idx, deadline)}"
             )
             answers = self.send_each(task_name, self.round_models(clients, round_idx), deadline, round_idx)
             if self.abort_signal.triggered:
