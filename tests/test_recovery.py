@@ -136,8 +136,7 @@ def test_resume_modes(tmp_path, caplog):
     aside = list(tmp_path.glob("derm_prr.replaced-*"))  # ...and the old one kept, with a warning
     assert len(aside) == 1 and torch.load(aside[0] / STATE_FILE, weights_only=False)["run_id"] == "r1"
     assert "starting a new run as asked (resume=false)" in caplog.text
-    with pytest.raises(ValueError, match="workflow argument 'resume'"):
-        workflow(resume="yes")
+    assert workflow(resume="yes").refusal == 'workflow argument \'resume\' must be false, true or "auto", got \'yes\''
 
 
 def test_a_new_run_sets_the_earlier_runs_folder_aside_keeping_the_latest_only(tmp_path):
@@ -211,14 +210,21 @@ def test_a_resume_from_another_runs_state_is_refused_in_one_line_naming_the_file
     assert state.run_id == "r1" and state.next_round == 1
 
 
-def test_a_bad_job_is_refused_when_the_workflow_is_built():
-    with pytest.raises(ValueError, match="det_enabled"):
-        PersonalizedWorkflow(config={**tiny_derm_config().to_dict(), "method_args": {"det_enabled": "flase"}})
-    with pytest.raises(ValueError, match="task_timeout"):
-        workflow(task_timeout="soon")
-    with pytest.raises(ValueError, match="workflow argument 'memory_gc_rounds' must be an integer >= 0, got -1"):
-        workflow(memory_gc_rounds=-1)
-    assert workflow().memory_gc_rounds == 1  # FLARE's cleanup_memory after every round by default
+def test_a_bad_job_is_refused_in_one_line_naming_its_file_when_it_runs():
+    """A hand-edited job folder: FLARE builds the workflow (raising there would bury the cause in FLARE's traceback
+    about its components), and `run` refuses the job in one line naming the file and the field."""
+    bad = PersonalizedWorkflow(config={**tiny_derm_config().to_dict(), "method_args": {"det_enabled": "flase"}})
+    assert "'det_enabled' must be true or false, got 'flase'" in bad.refusal and "method_args.det_enabled" in bad.refusal
+    assert "task_timeout" in workflow(task_timeout="soon").refusal
+    assert workflow(memory_gc_rounds=-1).refusal == "workflow argument 'memory_gc_rounds' must be an integer >= 0, got -1"
+    assert workflow().refusal is None and workflow().memory_gc_rounds == 1  # FLARE's cleanup_memory after every round
+    said = []
+    bad.panic = said.append
+    bad._config_file = lambda: "/ws/server/simulate_job/app_server/config/config_fed_server.json"
+    bad.run()  # refused before any state is read or any site is asked
+    assert said == [
+        "the job cannot start: /ws/server/simulate_job/app_server/config/config_fed_server.json, component 'workflow': " + bad.refusal
+    ]
 
 
 # ----- deadline ------------------------------------------------------------------------------

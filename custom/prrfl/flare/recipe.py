@@ -165,6 +165,8 @@ class PersonalizedRecipe(Recipe):
             raise ConfigError(f"task_request_interval must be a positive number of seconds, got {task_request_interval!r}")
         fed.to_server({"server": {"task_request_interval": task_request_interval}})
         self.workflow = PersonalizedWorkflow(config=self.config.to_dict(), resume=resume, **workflow_args)
+        if self.workflow.refusal:
+            raise ConfigError(self.workflow.refusal)
         fed.to_server(self.workflow, id="workflow")
         if cross_site_eval:
             fed.to_server(CrossSiteEvaluation(), id="cross_site_eval")

@@ -125,15 +125,27 @@ class PersonalizedWorkflow(PerClientController):
         self.task_timeout_factor = task_timeout_factor
         self.estimate_timeout_factor = estimate_timeout_factor
         self.memory_gc_rounds = memory_gc_rounds
-        if not isinstance(memory_gc_rounds, int) or isinstance(memory_gc_rounds, bool) or memory_gc_rounds < 0:
-            raise ValueError(f"workflow argument 'memory_gc_rounds' must be an integer >= 0, got {memory_gc_rounds!r}")
-        if resume not in RESUME_MODES or not isinstance(resume, (bool, str)):
-            raise ValueError(f"workflow argument 'resume' must be false, true or \"auto\", got {resume!r}")
-        self.deadline = Deadline(task_timeout, first_task_timeout, min_task_timeout, task_timeout_factor, estimate_timeout_factor)
         self._marker: Path | None = None  # the workspace marker of a simulator run (places.mark_workspace)
         self._resumed_at: int | None = None  # the first round of a resumed job: its sites start afresh inside it
-        self.cfg = validate_config(config)  # every field and method option, before any site is asked
+        # A bad argument (a hand-edited job folder) is not raised here, where FLARE would bury it in a long traceback
+        # about building its components: the job starts, and `run` refuses it in one line naming the file.
+        self._refusal: str | None = None
+        try:
+            if not isinstance(memory_gc_rounds, int) or isinstance(memory_gc_rounds, bool) or memory_gc_rounds < 0:
+                raise ValueError(f"workflow argument 'memory_gc_rounds' must be an integer >= 0, got {memory_gc_rounds!r}")
+            if resume not in RESUME_MODES or not isinstance(resume, (bool, str)):
+                raise ValueError(f"workflow argument 'resume' must be false, true or \"auto\", got {resume!r}")
+            self.deadline = Deadline(task_timeout, first_task_timeout, min_task_timeout, task_timeout_factor, estimate_timeout_factor)
+            self.cfg = validate_config(config)  # every field and method option, before any site is asked
+        except (ValueError, TypeError) as e:  # ConfigError is a ValueError
+            self._refusal, self.cfg = str(e), None
         sim_race.install()  # in FLARE's simulator: each site's process gets its own name (prrfl.flare.sim_race)
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the job's arguments cannot run (one line), or None. The recipe raises it when it builds a job; a job
+        folder edited by hand is refused by `run`, in one line naming its file."""
+        return self._refusal
 
     # ----- main loop -------------------------------------------------------------------
     def run(self) -> None:
@@ -141,6 +153,9 @@ class PersonalizedWorkflow(PerClientController):
         or moved, so a second job on the same workspace is refused instead of moving this one's live state
         aside. In the simulator, the processes of sites lost during the job are ended at its end, so that a
         frozen site cannot keep the simulator from exiting (prrfl.flare.liveness.release_lost_workers)."""
+        if self._refusal is not None:
+            self.panic(f"the job cannot start: {self._config_file()}, component 'workflow': {self._refusal}")
+            return
         fobs.register(TensorDecomposer)
         state_dir = self._state_dir()
         job_id = self.fl_ctx.get_job_id() if self.fl_ctx else None
@@ -319,6 +334,14 @@ class PersonalizedWorkflow(PerClientController):
             getattr(self, level)(text)
 
     # ----- setup -----------------------------------------------------------------------
+    def _config_file(self) -> str:
+        """This job's server configuration as FLARE deployed it (the file a hand edit changed)."""
+        try:
+            job_id = self.fl_ctx.get_job_id()
+            return str(Path(self.engine.get_workspace().get_app_config_dir(job_id)) / "config_fed_server.json")
+        except Exception:  # noqa: BLE001 - only a name for the message
+            return "the job's app/config/config_fed_server.json"
+
     def _state_dir(self) -> Path:
         if self.state_dir:
             return Path(self.state_dir)
