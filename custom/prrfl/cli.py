@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from prrfl.config import RunConfig, apply_overrides
-from prrfl.errors import EXIT_STATUS, CommandFailed, Interrupted, run_command, traceback_option
+from prrfl.errors import EXIT_STATUS, CommandFailed, Interrupted, interruption, run_command, traceback_option
 from prrfl.storage import load_json
 
 PROFILE_NAMES = ("bench", "paper", "quick")  # prrfl.tasks.base.PROFILE_NAMES, sorted (not imported: it imports torch)
@@ -209,10 +209,10 @@ def _run(args: argparse.Namespace) -> int:
     )
     env = environment(args.env, sites, args.workspace, args.threads, args.gpu, args.startup_kit, args.username)
     try:
-        with interrupt_deadline(lambda: stop_poc(env), RESUME_HINT):
+        with interrupt_deadline(lambda: stop_poc(env), RESUME_HINT) as signals:
             status, result, _ = run_recipe(recipe, env, args.timeout)
-    except KeyboardInterrupt as e:  # also a simulator that Ctrl-C ended ("return code -9")
-        raise Interrupted(RESUME_HINT) from e
+    except KeyboardInterrupt as e:  # also a simulator that Ctrl-C or SIGTERM ended ("return code -9")
+        raise Interrupted(RESUME_HINT, signals[0] if signals else signal.SIGINT) from e
     print(f"{recipe.name} on {args.env}: {status}; results in {result}\n\n{result_tables(result)}", flush=True)
     return 0
 
@@ -429,42 +429,52 @@ LINGER_SECONDS = 10.0  # how long the command waits at its end for threads a lib
 
 
 RESUME_HINT = "run the same command with --resume auto to continue from the last completed round"
-INTERRUPT_GRACE = 60.0  # seconds a Ctrl-C may take to unwind through FLARE's code before the command ends itself
+INTERRUPT_GRACE = 60.0  # seconds a Ctrl-C or SIGTERM may take to unwind through FLARE's code before the command ends itself
+INTERRUPTED = {interruption(sig)[1] for sig in (signal.SIGINT, signal.SIGTERM)}  # their exit statuses: 130, 143
 
 
 @contextlib.contextmanager
-def interrupt_deadline(cleanup: Callable[[], None], hint: str, grace: float = INTERRUPT_GRACE) -> Iterator[None]:
-    """A Ctrl-C in the block raises KeyboardInterrupt as usual; should that not end the block within `grace`
-    seconds (a library that catches it, or waits on a server the Ctrl-C has stopped), `cleanup` runs, the
-    interrupted line is printed and the process ends with status 130. Only in the main thread."""
+def interrupt_deadline(cleanup: Callable[[], None], hint: str, grace: float = INTERRUPT_GRACE) -> Iterator[list[int]]:
+    """A Ctrl-C in the block raises KeyboardInterrupt as usual, and so does a SIGTERM (`timeout`, systemd, a batch
+    scheduler, `kill`), which would otherwise end the process at once and leave what it started running. A SIGTERM
+    after any signal is not raised again, so it does not cut short the stopping the first one began. Should the
+    block not end within `grace` seconds of the first signal (a library that catches the KeyboardInterrupt, or
+    waits on a server the signal has stopped), `cleanup` runs, the first signal's line is printed and the process
+    ends with its status (prrfl.errors.interruption: 130, 143). Yields the signals seen, in order. Only in the
+    main thread."""
+    seen: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield seen
         return
-    previous = signal.getsignal(signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     timers: list[threading.Timer] = []
 
     def give_up() -> None:
         try:
             cleanup()
         finally:
-            print(f"prrfl: interrupted; {hint}", file=sys.stderr, flush=True)
-            os._exit(130)
+            line, status = interruption(seen[0], hint)
+            print(line, file=sys.stderr, flush=True)
+            os._exit(status)
 
-    def on_sigint(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: Any) -> None:
+        seen.append(signum)
         if not timers:
             timers.append(threading.Timer(grace, give_up))
             timers[0].daemon = True
             timers[0].start()
-        if callable(previous):
-            previous(signum, frame)
-        else:
+        if signum == signal.SIGINT and callable(previous[signum]):
+            previous[signum](signum, frame)
+        elif signum == signal.SIGINT or len(seen) == 1:
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, on_sigint)
+    for sig in previous:
+        signal.signal(sig, on_signal)
     try:
-        yield
+        yield seen
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         for timer in timers:
             timer.cancel()
 
@@ -472,13 +482,16 @@ def interrupt_deadline(cleanup: Callable[[], None], hint: str, grace: float = IN
 def console() -> None:
     """The `prrfl` command: `main`, then the process ends with its status. A library may leave threads running
     (FLARE's admin session keeps retrying a server that a Ctrl-C has just stopped); the command does not wait for
-    them for more than a few seconds: after an interruption not at all, otherwise LINGER_SECONDS."""
+    them for more than a few seconds: after an interruption (Ctrl-C, SIGTERM) not at all, otherwise LINGER_SECONDS.
+    An interrupted command, whose processes are stopped by then, also skips Python's teardown of its modules
+    (seconds with torch and FLARE loaded)."""
     status = main()
-    deadline = time.monotonic() + (0.0 if status == 130 else LINGER_SECONDS)
+    interrupted = status in INTERRUPTED
+    deadline = time.monotonic() + (0.0 if interrupted else LINGER_SECONDS)
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+    if interrupted or any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

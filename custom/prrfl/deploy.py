@@ -199,9 +199,19 @@ def client_command(kits: Kits, site: str) -> list[str]:
 def kill_process_tree(pid: int, grace: float = 5.0) -> None:
     """SIGTERM a process and all its descendants, SIGKILL what is left after grace seconds (grace=0:
     SIGKILL at once, as `kill -9` or a power cut would), then wait until they are gone (10 s at most)."""
-    try:
-        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
+    kill_process_trees([pid], grace)
+
+
+def kill_process_trees(pids: list[int], grace: float = 5.0) -> None:
+    """kill_process_tree of several processes at once: all signalled, then all waited for together."""
+    found: dict[int, psutil.Process] = {}  # a process may be another's descendant too
+    for pid in pids:
+        try:
+            found.update((p.pid, p) for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)])
+        except psutil.NoSuchProcess:
+            continue
+    tree = list(found.values())
+    if not tree:
         return
     for p in tree:
         with contextlib.suppress(psutil.Error):

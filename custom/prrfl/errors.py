@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -22,16 +23,27 @@ exit status:
        folders out of date)
   2    refused: bad arguments, configuration or input (a missing, empty or unreadable file)
   130  interrupted (Ctrl-C)
+  143  stopped by SIGTERM (`timeout`, systemd, a batch scheduler, `kill`): `prrfl run` first stops every
+       process it started
 An error is one line on stderr, "prrfl: error: <message>", naming the file or the config field;
 --traceback (or the environment variable PRRFL_TRACEBACK=1) adds the Python traceback."""
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, with what to do next (`hint`), printed after "prrfl: interrupted"."""
+    """Ctrl-C (SIGINT) or SIGTERM (`signum`), with what to do next (`hint`), printed after the line of
+    `interruption`."""
 
-    def __init__(self, hint: str):
+    def __init__(self, hint: str, signum: int = signal.SIGINT):
         super().__init__(hint)
         self.hint = hint
+        self.signum = signum
+
+
+def interruption(signum: int = signal.SIGINT, hint: str = "") -> tuple[str, int]:
+    """The line a command prints when a signal ended it, and its exit status (128 + the signal's number):
+    "prrfl: interrupted" and 130 for Ctrl-C (SIGINT), "prrfl: stopped by SIGTERM" and 143 for SIGTERM."""
+    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    return f"prrfl: {what}{'; ' + hint if hint else ''}", 128 + signum
 
 
 class CommandFailed(RuntimeError):
@@ -79,9 +91,9 @@ def run_command(command: Callable[[], int], show_traceback: bool = False) -> int
     except KeyboardInterrupt as e:
         if show_traceback:
             traceback.print_exc()
-        hint = getattr(e, "hint", "")
-        print(f"prrfl: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
-        return 130
+        line, status = interruption(getattr(e, "signum", signal.SIGINT), getattr(e, "hint", ""))
+        print(line, file=sys.stderr)
+        return status
     except Exception as e:
         if not is_expected(e):
             raise

@@ -25,6 +25,7 @@ import functools
 import inspect
 import json
 import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -49,11 +50,12 @@ from nvflare.recipe.poc_env import PocEnv
 from nvflare.recipe.spec import ExecEnv, Recipe
 
 from prrfl.config import ConfigError, RunConfig, unknown_names_error
-from prrfl.deploy import free_ports, kill_process_tree
+from prrfl.deploy import free_ports, kill_process_trees
 from prrfl.errors import CommandFailed
 from prrfl.flare import places
 from prrfl.flare.cross_site import CrossSiteEvaluation
 from prrfl.flare.jobs import JOBS, job_values
+from prrfl.flare.liveness import SIMULATOR_WORKER
 from prrfl.flare.protocol import TASK_TRAIN
 from prrfl.flare.tracking import TRACKING, receiver
 from prrfl.flare.workflow import STATE_FILE, PersonalizedWorkflow, resume_refusal
@@ -394,8 +396,7 @@ def end_poc_processes(poc_workspace: str | Path, timeout: float = 30.0) -> list[
         except (OSError, ValueError, psutil.Error):  # removed, unreadable or ended meanwhile
             continue
     _, left = psutil.wait_procs(procs, timeout=timeout)
-    for proc in left:
-        kill_process_tree(proc.pid, grace=0)
+    kill_process_trees([p.pid for p in left], grace=0)
     return [p.pid for p in left]
 
 
@@ -412,25 +413,67 @@ def stop_poc(env: ExecEnv) -> None:
 
 @contextlib.contextmanager
 def interrupts() -> Iterator[list[int]]:
-    """A list that gets an entry when SIGINT (Ctrl-C) arrives while the block runs; the signal is then handled
-    as before (Python raises KeyboardInterrupt). Outside the main thread signals cannot be watched: the list
-    stays empty."""
+    """A list that gets the signal's number when SIGINT (Ctrl-C) or SIGTERM arrives while the block runs; the
+    signal is then handled by the handler there was (`prrfl run`: prrfl.cli.interrupt_deadline; SIGINT: Python
+    raises KeyboardInterrupt). A SIGTERM without a handler of its own raises KeyboardInterrupt too, once, rather
+    than end the process at once and leave the simulator or the POC it started running; an ignored SIGTERM stays
+    ignored. Outside the main thread signals cannot be watched: the list stays empty."""
     seen: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield seen
         return
-    previous = signal.getsignal(signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if previous[signal.SIGTERM] == signal.SIG_IGN:
+        del previous[signal.SIGTERM]
 
     def record(signum: int, frame: Any) -> None:
         seen.append(signum)
-        if callable(previous):
-            previous(signum, frame)
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif signum == signal.SIGTERM and seen.count(signum) == 1:
+            raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, record)
+    for sig in previous:
+        signal.signal(sig, record)
     try:
         yield seen
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+SIMULATOR_MAIN = "nvflare.private.fed.app.simulator.simulator"  # the module of FLARE's simulator command
+
+
+def end_simulator_processes(workspace: str | Path) -> list[int]:
+    """Every process of FLARE's simulator on `workspace` (the simulator, its forks, the sites' processes: those
+    whose command line runs FLARE's simulator or its worker and names the workspace or a folder in it) killed with
+    its descendants and waited for. FLARE kills the simulator's processes when a Ctrl-C or SIGTERM interrupts it,
+    but does not wait for them, and misses one it starts at that moment. Returns the pids that were still there."""
+    root = str(Path(workspace).resolve())
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        flare = SIMULATOR_MAIN in cmd or SIMULATOR_WORKER in cmd
+        if flare and proc.pid != os.getpid() and any(part == root or part.startswith(root + os.sep) for part in cmd):
+            found.append(proc.pid)
+    kill_process_trees(found, grace=0)
+    return found
+
+
+def end_interrupted_run(env: ExecEnv, name: str, signals: list[int]) -> None:
+    """After `signals` interrupted the job `name` on `env`, no process of it is left: the simulator's are ended
+    (end_simulator_processes); a SIGTERM ends a POC's at once (end_poc_processes without waiting for them to stop
+    by themselves: a SIGTERM sent to the command alone reaches none of them, and its sender expects the command to end
+    within seconds), while a Ctrl-C keeps its way (stop_poc, end_poc_processes). Nothing when no signal came, nor
+    for ProdEnv (the deployment is not the command's)."""
+    from nvflare.recipe import SimEnv
+
+    if isinstance(env, SimEnv) and signals:
+        end_simulator_processes(Path(env.workspace_root) / name)
+    elif isinstance(env, PocEnv) and signal.SIGTERM in signals:
+        end_poc_processes(env.poc_workspace, timeout=0)
 
 
 def refuse_another_runs_state(recipe: PersonalizedRecipe, env: SimEnv) -> None:
@@ -459,7 +502,8 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
     """Run the recipe on env and wait for the end: (FLARE job status, result folder, the server's
     results.json). A simulator run is over when execute returns; a POC or production job is followed
     (timeout seconds, 0: no limit) and its server workspace downloaded. The POC workspace is kept (it
-    holds the sites' state and logs); the POC processes are stopped, also when the start or the submission fails."""
+    holds the sites' state and logs); the POC processes are stopped, also when the start or the submission fails.
+    A Ctrl-C or SIGTERM (interrupts) raises KeyboardInterrupt once no process of the run is left (end_interrupted_run)."""
     from nvflare.recipe import SimEnv
 
     if isinstance(env, SimEnv):  # refuse before the simulator empties a workspace another job is running in
@@ -481,17 +525,22 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
         with interrupts() as interrupted:
             run = recipe.run(env)
     except BaseException as e:  # a POC that started stops with its failed start or submission, or with Ctrl-C
+        end_interrupted_run(env, recipe.name, interrupted)
         stop_poc(env)
         if not isinstance(e, RuntimeError):
             raise
-        if interrupted:  # Ctrl-C ended the simulator ("return code -9"): an interruption, not a failure
+        if interrupted:  # Ctrl-C or SIGTERM ended the simulator ("return code -9"): an interruption, not a failure
             raise KeyboardInterrupt from e
         raise CommandFailed(f"job {recipe.name}: {e}") from e  # SimEnv: the simulator exited non-zero; Poc/ProdEnv: the submission failed
     if isinstance(env, SimEnv):
         status, result = "FINISHED:COMPLETED", env.get_job_result(run.get_job_id())
     else:
         try:
-            result = run.get_result(timeout=timeout, clean_up=False)
+            with interrupts() as interrupted:
+                result = run.get_result(timeout=timeout, clean_up=False)
+        except BaseException:
+            end_interrupted_run(env, recipe.name, interrupted)
+            raise
         finally:
             if isinstance(env, PocEnv):
                 end_poc_processes(env.poc_workspace)
