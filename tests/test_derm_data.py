@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import multiprocessing as mp
+import re
+import shlex
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -11,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from doc_layouts import DocLayout
 from PIL import Image
 
 from prrfl.tasks.derm import __main__ as cli
@@ -21,8 +25,8 @@ from prrfl.tasks.derm.author_splits import (
     read_author_splits,
 )
 from prrfl.tasks.derm.cache import ensure_synthetic_federation
+from prrfl.tasks.derm.layout import CLASS_NAMES, SITES, SPLITS
 from prrfl.tasks.derm.layout import DEFAULT_LAYOUT as L
-from prrfl.tasks.derm.layout import SPLITS
 from prrfl.tasks.derm.plan import table_counts
 from prrfl.tasks.derm.prepare import Manifest, prepare_dermoscopy
 from prrfl.tasks.derm.records import read_ham10000, read_isic2017
@@ -432,3 +436,94 @@ def test_cli_synth_and_prepare(tmp_path, capsys):
     assert "heldout_min_per_class must be an integer >= 1, got 0" in capsys.readouterr().err
     assert cli.main(["splits", "--dir", str(AUTHORS_COPY)]) == 0
     assert "1282/333/476 = 2091" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the raw layout as docs/derm_data.md writes it
+
+DOC = DocLayout.read("derm_data.md", "derm")
+
+
+def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, str]]) -> None:
+    """`rows` under the documented header: every documented column, in the documented order."""
+    unknown = [c for c in columns if c not in rows[0]]
+    assert not unknown, f"{DOC.doc} documents column(s) {unknown} of {path.name}, which this test gives no value"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _tiny_jpeg(path: Path, seed: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = np.random.default_rng(seed).integers(0, 255, (6, 8, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, quality=90)
+
+
+def build_documented_layout(tmp_path: Path) -> dict[str, Path]:
+    """docs/derm_data.md's raw layout with tiny images, built as the page writes it: its roots, file names and CSV
+    columns. HAM10000: 3 images per class at A, B and C, 2 at OOD, and a bcc row the reader drops; ISIC 2017: 3 per
+    class, and a row msk_image_ids.txt does not list. Root name -> folder."""
+    text = DOC.doc.read_text()
+    roots = {root.parts[0]: tmp_path / f"root{i}" for i, root in enumerate(DOC.roots)}
+    ham_csv, isic_csv = DOC.csv("dataset"), DOC.csv("melanoma")
+    ham_images, isic_images = (
+        DOC.one(lambda e, table=table: e.parts[0] == table.parts[0] and e.name == "<image_id>.jpg", f"the images beside {table.name}")
+        for table in (ham_csv, isic_csv)
+    )
+    msk = DOC.one(lambda e: "one image_id a line" in e.note, "the MSK id list")
+
+    ham: list[dict[str, str]] = []
+    for site_name in ("A", "B", "C", "OOD"):
+        cohort = SITES[site_name].cohort
+        assert f"`{cohort}`" in text, f"{DOC.doc} does not name the `dataset` value {cohort!r} of cohort {site_name}"
+        for dx in (*CLASS_NAMES, "bcc") if site_name == "A" else CLASS_NAMES:
+            for _ in range(1 if dx == "bcc" else 2 if site_name == "OOD" else 3):
+                n = len(ham)
+                ham.append(
+                    {
+                        **{"lesion_id": f"HAM_{n:07d}", "image_id": f"ISIC_{n:07d}", "dx": dx, "dataset": cohort},
+                        **{"dx_type": "histo", "age": "45.0", "sex": "female", "localization": "back"},
+                    }
+                )
+    isic = []
+    for dx in (*CLASS_NAMES, "nv"):  # the last one is not listed in msk_image_ids.txt
+        for _ in range(1 if len(isic) == 9 else 3):
+            flags = {"melanoma": f"{float(dx == 'mel'):.1f}", "seborrheic_keratosis": f"{float(dx == 'bkl'):.1f}"}
+            isic.append({"image_id": f"ISIC_{100 + len(isic):07d}", **flags})
+    _write_csv(ham_csv.path(roots), ham_csv.columns, ham)
+    _write_csv(isic_csv.path(roots), isic_csv.columns, isic)
+    for images, rows in ((ham_images, ham), (isic_images, isic)):
+        for i, row in enumerate(rows):
+            _tiny_jpeg(images.path(roots, image_id=row["image_id"]), i)
+    msk.path(roots).write_text("".join(f"{row['image_id']}\n" for row in isic[:9]))
+    return roots
+
+
+def _documented(command: str, roots: dict[str, Path], **more: Path) -> list[str]:
+    """A command of the page with its placeholders (the roots, `<prepared>`) replaced by this test's folders."""
+    for name, folder in {**roots, **{f"<{k}>": v for k, v in more.items()}}.items():
+        command = command.replace(name, str(folder))
+    return shlex.split(command)
+
+
+def test_the_documented_raw_layout_is_read_and_prepared(tmp_path, capsys):
+    """docs/derm_data.md's layout, built from the page, prepared by the page's command and by each site's command of
+    its table "What each site needs on its machine"."""
+    roots = build_documented_layout(tmp_path / "raw")
+    text = DOC.doc.read_text()
+    whole = re.findall(r"python -m prrfl\.tasks\.derm (prepare --raw .*)", text)
+    assert len(whole) == 1, f"{DOC.doc}: expected one full prepare command"
+    assert cli.main([*_documented(whole[0], roots, prepared=tmp_path / "all"), "--size", "16"]) == 0, capsys.readouterr().err
+    m = Manifest.load(tmp_path / "all")
+    assert {s: m.counts(s, split) for s in "ABCD" for split in SPLITS} == {s: (1, 1, 1) for s in "ABCD" for _ in SPLITS}
+    assert m.counts("OOD", "test") == (2, 2, 2) and m.counts("OOD", "train") == (0, 0, 0)
+    d_ids = {i for split in SPLITS for i in load_split(tmp_path / "all", "D", split).image_ids}
+    assert len(d_ids) == 9 and "ISIC_0000109" not in d_ids  # the row msk_image_ids.txt does not list is skipped
+
+    table = re.findall(r"^\| (\w+) \(site-\d\) \|[^\n]*\| `(--raw [^`]*)` \| `<prepared>/\{?([\w,]+)\}?/` \|$", text, re.M)
+    assert [row[0] for row in table] == ["A", "B", "C", "D"], f"{DOC.doc}: the table of what each site needs"
+    for site_name, arguments, folders in table:
+        out = tmp_path / f"site-{site_name}"
+        assert cli.main(["prepare", *_documented(arguments, roots), "--out", str(out), "--size", "16"]) == 0, capsys.readouterr().err
+        assert sorted(Manifest.load(out).data["sites"]) == sorted(folders.split(",")) == sorted(p.name for p in out.iterdir() if p.is_dir())

@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from doc_layouts import DocLayout
 from PIL import Image
 
 from prrfl.config import ConfigError, RunConfig
 from prrfl.registry import build_method, build_task, validate_config
-from prrfl.tasks.isic2019.layout import CENTRES, CLASS_NAMES, COUNTS, CSV_COLUMNS, IMAGES_DIR, SPLIT_CSV
+from prrfl.tasks.isic2019.layout import CENTRES, CLASS_NAMES, COUNTS, CSV_COLUMNS, SPLIT_CSV
 from prrfl.tasks.isic2019.prepare import prepare_isic2019, valid_assignment
 from prrfl.tasks.isic2019.records import read_flamby
 from prrfl.tasks.isic2019.store import load_split
@@ -39,13 +40,29 @@ def csv_row(image: str, label: str, centre: int, fold: str) -> dict[str, str]:
     return {"image": image, **hot, "target": str(target), "center": str(centre), "fold": fold, "fold2": f"{fold}_{centre}"}
 
 
+# FLamby's layout as docs/isic2019.md writes it: the trees are built from its block (folder, file names, columns).
+DOC = DocLayout.read("isic2019.md", "isic2019")
+DOC_CSV = DOC.csv("fold2")
+DOC_IMAGE = DOC.one(lambda e: e.name == "<image>.jpg", "the preprocessed images")
+
+
+def documented_row(image: str, label: str, centre: int, fold: str) -> dict[str, str]:
+    """csv_row under the documented columns, in the documented order."""
+    row = csv_row(image, label, centre, fold)
+    unknown = [c for c in DOC_CSV.columns if c not in row]
+    assert not unknown, f"{DOC.doc} documents column(s) {unknown} of {DOC_CSV.name}, which this test gives no value"
+    return {c: row[c] for c in DOC_CSV.columns}
+
+
 def write_tree(root, rows=ROWS, edit=None, sizes=None) -> None:
-    """FLamby's layout as its scripts leave it: the preprocessed JPEGs (shorter side 224) and the split CSV."""
-    (root / IMAGES_DIR).mkdir(parents=True)
-    table = [csv_row(*r) for r in rows]
+    """FLamby's layout as its scripts leave it and docs/isic2019.md writes it: the preprocessed JPEGs (shorter side
+    224) and the split CSV."""
+    roots = {DOC.roots[0].parts[0]: root}
+    table = [documented_row(*r) for r in rows]
     if edit:
         edit(table)
-    with (root / SPLIT_CSV).open("w", newline="") as f:
+    DOC_CSV.path(roots).parent.mkdir(parents=True, exist_ok=True)
+    with DOC_CSV.path(roots).open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(table[0]))
         writer.writeheader()
         writer.writerows(table)
@@ -53,7 +70,9 @@ def write_tree(root, rows=ROWS, edit=None, sizes=None) -> None:
     for i, (image, *_rest) in enumerate(rows):
         size = (sizes or {}).get(image, (224 + 75 * (i % 2), 224))  # HAM-like 299x224 and BCN-like 224x224
         pixels = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(root / IMAGES_DIR / f"{image}.jpg", quality=90)
+        path = DOC_IMAGE.path(roots, image=image)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(path, quality=90)
 
 
 def test_flambys_layout_is_read_and_prepared_with_a_stratified_validation_split_from_its_train_fold(tmp_path):

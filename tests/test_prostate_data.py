@@ -13,6 +13,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from doc_layouts import DocLayout
 
 from prrfl.tasks.prostate import __main__ as cli
 from prrfl.tasks.prostate import cache as cache_mod
@@ -72,21 +73,37 @@ def _save(path: Path, array: np.ndarray, affine: np.ndarray | None = None) -> Pa
     return path
 
 
-def _write_case(folder: Path, case_id: str, seed: int, tag: str = "_segmentation", flip_xy: bool = False) -> None:
+def _write_case_files(image_path: Path, mask_path: Path, seed: int, flip_xy: bool = False) -> None:
     image, mask = _volume(seed)
     affine = _affine(flip_xy=flip_xy)
     if flip_xy:  # the same anatomy stored in LPS voxel order
         image, mask = image[::-1, ::-1], mask[::-1, ::-1]
-    _save(folder / f"{case_id}.nii.gz", np.ascontiguousarray(image), affine)
-    _save(folder / f"{case_id}{tag}.nii.gz", np.ascontiguousarray(mask), affine)
+    _save(image_path, np.ascontiguousarray(image), affine)
+    _save(mask_path, np.ascontiguousarray(mask), affine)
+
+
+def _write_case(folder: Path, case_id: str, seed: int, tag: str = "_segmentation", flip_xy: bool = False) -> None:
+    _write_case_files(folder / f"{case_id}.nii.gz", folder / f"{case_id}{tag}.nii.gz", seed, flip_xy)
+
+
+# The raw layout as docs/prostate_data.md writes it: the hand-written layouts are built from its block.
+DOC = DocLayout.read("prostate_data.md", "prostate")
+DOC_SITE = DOC.one(lambda e: e.is_dir and e.depth == 1, "the site folder")
+DOC_IMAGE = DOC.one(lambda e: not e.is_dir and "T2 volume" in e.note, "the case's volume")
+DOC_MASK = DOC.one(lambda e: not e.is_dir and "mask" in e.note, "the case's mask")
 
 
 def _tiny_layout(root: Path, sites=TABLE_SITES, cases: int = 3) -> Path:
-    """Hand-written raw layout: `cases` cases per site, RUNMC with the capitalised mask tag."""
+    """docs/prostate_data.md's raw layout, built from its block: `cases` cases per site, RUNMC's masks in the
+    block's other spelling (the capitalised tag), BMC's voxels in LPS order."""
+    assert DOC_MASK.alternative, f"{DOC.doc}: the mask's other spelling, '(or ...)', is not in the layout block"
+    roots = {DOC.roots[0].parts[0]: root}
     for k, s in enumerate(sites):
+        assert s in DOC_SITE.note, f"{DOC.doc}: the layout block does not name the site folder {s}"
         for i in range(cases):
-            tag = "_Segmentation" if s == "RUNMC" else "_segmentation"
-            _write_case(root / s, f"Case{i:02d}", seed=10 * k + i, tag=tag, flip_xy=(s == "BMC"))
+            names = {"site": s, "case": f"Case{i:02d}"}
+            mask = DOC_MASK.path(roots, name=DOC_MASK.alternative if s == "RUNMC" else None, **names)
+            _write_case_files(DOC_IMAGE.path(roots, **names), mask, seed=10 * k + i, flip_xy=(s == "BMC"))
     return root
 
 

@@ -1,8 +1,9 @@
 """The example's FLARE job: PersonalizedFedAvg with a Fourier, FedAvg or FedBN aggregator, and the
 Client API script client.py at every site.
 
-    python prepare_data.py --out /tmp/nvflare/fourier_pfa/data
     python job.py --aggregator fourier --rounds 5 --sites 2        # runs it in FLARE's simulator
+    python prepare_data.py --out /tmp/nvflare/fourier_pfa/data     # the same images, written as ImageFolders,
+    python job.py --data_root /tmp/nvflare/fourier_pfa/data        # read from there
     python job.py --aggregator fourier --export /tmp/nvflare/jobs  # writes the job folder instead
 """
 
@@ -25,7 +26,7 @@ AGGREGATORS = {
 }
 
 
-def build_job(aggregator: str, rounds: int, sites: int, data_root: str, epochs: int = 2) -> FedJob:
+def build_job(aggregator: str, rounds: int, sites: int, data_root: str | None = None, epochs: int = 2) -> FedJob:
     job = FedJob(name=f"fourier_pfa_{aggregator}", min_clients=sites)
     job.set_app_packages(["prrfl"])  # imported from the installation, not copied into the job
     controller = PersonalizedFedAvg(
@@ -38,7 +39,7 @@ def build_job(aggregator: str, rounds: int, sites: int, data_root: str, epochs: 
     job.to_server(controller)
     runner = ScriptRunner(
         script="client.py",
-        script_args=f"--data_root {Path(data_root).resolve()} --epochs {epochs}",
+        script_args=(f"--data_root {Path(data_root).resolve()} " if data_root else "") + f"--epochs {epochs}",
         params_transfer_type=TransferType.DIFF,  # the site sends its update; the server adds it to what it sent
         server_expected_format=ExchangeFormat.PYTORCH,  # the server works on torch tensors
     )
@@ -52,7 +53,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sites", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2, help="local epochs per round (DET starts each round in Recover: use 2 or more)")
-    parser.add_argument("--data_root", default="/tmp/nvflare/fourier_pfa/data", help="what prepare_data.py wrote")
+    parser.add_argument("--data_root", default=None, help="what prepare_data.py wrote (default: each site makes its images in memory)")
     parser.add_argument("--workspace", default="/tmp/nvflare/fourier_pfa/workspace", help="the simulator's workspace")
     parser.add_argument("--export", metavar="DIR", help="write the job folder to DIR instead of running it")
     args = parser.parse_args()
