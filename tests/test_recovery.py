@@ -136,7 +136,7 @@ def test_resume_modes(tmp_path, caplog):
     aside = list(tmp_path.glob("derm_prr.replaced-*"))  # ...and the old one kept, with a warning
     assert len(aside) == 1 and torch.load(aside[0] / STATE_FILE, weights_only=False)["run_id"] == "r1"
     assert "starting a new run as asked (resume=false)" in caplog.text
-    assert workflow(resume="yes").refusal == 'workflow argument \'resume\' must be false, true or "auto", got \'yes\''
+    assert workflow(resume="yes").refusal == "workflow argument 'resume' must be false, true or \"auto\", got 'yes'"
 
 
 def test_a_new_run_sets_the_earlier_runs_folder_aside_keeping_the_latest_only(tmp_path):

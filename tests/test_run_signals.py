@@ -165,7 +165,7 @@ def test_sigterm_of_prrfl_run_on_the_simulator_stops_it_and_every_site_process(t
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
     tree: list[psutil.Process] = []
     try:
-        wait_for(lambda: "round 1/20" in log.read_text() or proc.poll() is not None, 300, "round 0 to start")
+        wait_for(lambda: "round 0 (rounds 0-19)" in log.read_text() or proc.poll() is not None, 300, "round 0 to start")
         assert proc.poll() is None, log.read_text()[-4000:]
         tree = psutil.Process(proc.pid).children(recursive=True)
         assert len([p for p in tree if SIMULATOR_WORKER in p.cmdline()]) == 2, [p.cmdline() for p in tree]
