@@ -134,7 +134,7 @@ def test_a_site_killed_mid_round_is_left_out_then_rejoins_from_its_checkpoint(de
         log = server_log(dep, job_id)
         # the round ended at its own deadline (the 20 s floor: the round before took seconds), not FLARE's 600 s heartbeat
         deadline = re.search(
-            r"round 1 (rounds 0-2): sending each of 3 sites its own model; deadline (\d+) s \(3 x the slowest round so far", log
+            r"round 1 \(rounds 0-2\): sending each of 3 sites its own model; deadline (\d+) s \(3 x the slowest round so far", log
         )
         assert deadline and int(deadline[1]) < 600, log[-3000:]
         assert f"round 1: no result from {lost}: no result within the deadline" in log

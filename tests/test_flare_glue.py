@@ -291,3 +291,12 @@ def test_the_federation_shows_a_download_reporting_sites_own_model_and_the_last_
         19: {"valid_global/f1": 40.0, "test_global/f1": 40.0, "test_global/auc": 75.0}
     }
     assert site_means({"A": {"last": None}}, 4) == {}
+
+
+def test_time_left_is_the_pace_so_far_times_the_units_to_go():
+    from prrfl.progress import duration, time_left
+
+    assert time_left(60.0, 2, 5) == "about 90 s left"  # 30 s a round, 3 to go
+    assert time_left(600.0, 1, 5) == "about 40 min left"
+    assert time_left(10.0, 0, 5) == "" and time_left(10.0, 5, 5) == ""  # nothing measured yet / nothing left
+    assert [duration(s) for s in (59.4, 119.4, 119.6, 7169, 7171)] == ["59 s", "119 s", "2 min", "119 min", "2.0 h"]

@@ -94,7 +94,7 @@ def test_a_site_killed_in_the_first_round_is_left_out_and_the_job_ends_with_it_m
     state_root = tmp_path / "ws.state"
     assert not (state_root / "site-3/derm_prr/site_state.pt").exists(), "site-3 finished round 0 before the kill"
     deadline = re.search(
-        r"round 0 (rounds 0-2): sending each of 3 sites its own model; deadline (\d+) s \(5 x the sum of the sites' estimates of a round, "
+        r"round 0 \(rounds 0-2\): sending each of 3 sites its own model; deadline (\d+) s \(5 x the sum of the sites' estimates of a round, "
         r"([\d.]+) s; at least 60 s\)",
         out,
     )

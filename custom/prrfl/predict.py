@@ -41,6 +41,7 @@ import torch
 
 from prrfl.errors import error_message
 from prrfl.inference import SavedModel, card_path, load_saved_model
+from prrfl.progress import duration
 from prrfl.storage import save_text
 from prrfl.tasks.prostate.layout import MASK_TAGS, NIFTI_SUFFIXES, nifti_stem
 
@@ -121,14 +122,7 @@ class Progress:
         self.last = now
         elapsed = now - self.start
         left = elapsed / done * (self.total - done)
-        self.report(f"predict: {done}/{self.total} {self.noun}, {_duration(elapsed)}, about {_duration(left)} left")
-
-
-def _duration(seconds: float) -> str:
-    """Seconds under 2 minutes, minutes under 2 hours, else hours."""
-    if seconds < 119.5:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 7170 else f"{seconds / 3600:.1f} h"
+        self.report(f"predict: {done}/{self.total} {self.noun}, {duration(elapsed)}, about {duration(left)} left")
 
 
 @dataclass

@@ -32,6 +32,7 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from prrfl.flare import places
 from prrfl.flare.console import quiet_flare_console
 from prrfl.flare.liveness import WorkerWatch, end_simulator_with_its_command, release_lost_workers
+from prrfl.progress import time_left
 
 RESEND_LIMIT = 5  # a client that fetches the same task this many times without answering cannot read it
 
@@ -84,14 +85,17 @@ class PerClientController(ModelController):
         simulator`): this process and the sites' end within seconds rather than run on headless."""
         if not self._orphan_watch and places.in_simulator(self.fl_ctx.get_job_id() if self.fl_ctx else None):
             self._orphan_watch = end_simulator_with_its_command()
+        started = time.monotonic()
         for round_idx in range(first, num_rounds):
             if self.abort_signal.triggered:
                 return False
             clients = self.round_clients(round_idx)
             self.round_started(round_idx, num_rounds)
             deadline = self.round_deadline(round_idx)
+            left = time_left(time.monotonic() - started, round_idx - first, num_rounds - first)  # this job's rounds so far
             self.info(
-                f"round {round_idx} (rounds 0-{num_rounds - 1}): sending each of {len(clients)} {self.client_noun} its own model{self.deadline_note(round_idx, deadline)}"
+                f"round {round_idx} (rounds 0-{num_rounds - 1}): sending each of {len(clients)} {self.client_noun} its own model"
+                f"{self.deadline_note(round_idx, deadline)}{f'; {left}' if left else ''}"
             )
             answers = self.send_each(task_name, self.round_models(clients, round_idx), deadline, round_idx)
             if self.abort_signal.triggered:
