@@ -209,6 +209,9 @@ def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     (result,) = re.findall(r"derm_prr on poc: FINISHED:COMPLETED; results in (\S+)", out)
+    # progress from the server's log of the job while it ran, not FLARE's monitor (the job's meta, a dot per poll)
+    assert re.search(r"\[\d\d:\d\d:\d\d\] round 0 \(rounds 0-1\): sending each of 2 sites", out), out[-3000:]
+    assert re.search(r"\[\d\d:\d\d:\d\d\] round 1 done", out) and "Job Meta" not in out and "Sending task" not in out
     sites = server_results(result)["sites"]  # the server workspace the admin downloaded
     assert {s: p["participation"]["aggregated"] for s, p in sites.items()} == {"site-1": [0, 1], "site-2": [0, 1]}
     for site in ("site-1", "site-2"):  # each site kept its state in its own POC workspace

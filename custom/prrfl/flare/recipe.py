@@ -23,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import io
 import json
 import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import weakref
@@ -54,6 +56,7 @@ from prrfl.deploy import free_ports, kill_process_trees
 from prrfl.errors import CommandFailed
 from prrfl.flare import places
 from prrfl.flare.cross_site import CrossSiteEvaluation
+from prrfl.flare.job_log import JobLogFollower, poc_server_log
 from prrfl.flare.jobs import JOBS, job_values
 from prrfl.flare.liveness import SIMULATOR_WORKER
 from prrfl.flare.protocol import TASK_TRAIN
@@ -412,6 +415,22 @@ def stop_poc(env: ExecEnv) -> None:
 
 
 @contextlib.contextmanager
+def quiet_monitor(follower: JobLogFollower | None) -> Iterator[None]:
+    """While FLARE's job monitor waits: the job's progress from its server log on the console (`follower`), and the
+    monitor's own prints (the job's meta, a dot per poll) kept off it. Nothing changes without a follower."""
+    if follower is None:
+        yield
+        return
+    follower.out = sys.stdout
+    follower.start()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        follower.stop()
+
+
+@contextlib.contextmanager
 def interrupts() -> Iterator[list[int]]:
     """A list that gets the signal's number when SIGINT (Ctrl-C) or SIGTERM arrives while the block runs; the
     signal is then handled by the handler there was (`prrfl run`: prrfl.cli.interrupt_deadline; SIGINT: Python
@@ -535,8 +554,9 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
     if isinstance(env, SimEnv):
         status, result = "FINISHED:COMPLETED", env.get_job_result(run.get_job_id())
     else:
+        follower = JobLogFollower(poc_server_log(env.poc_workspace, run.get_job_id())) if isinstance(env, PocEnv) else None
         try:
-            with interrupts() as interrupted:
+            with interrupts() as interrupted, quiet_monitor(follower):
                 result = run.get_result(timeout=timeout, clean_up=False)
         except BaseException:
             end_interrupted_run(env, recipe.name, interrupted)
