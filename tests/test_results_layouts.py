@@ -205,3 +205,19 @@ def printed_tables(folder: Path, capsys) -> dict[str, str]:
     assert cli.main(["results", str(folder)]) == 0, capsys.readouterr().err
     blocks = capsys.readouterr().out.strip().removeprefix("## ").split("\n\n## ")
     return dict(block.split("\n\n", 1) for block in blocks)
+
+
+def test_a_run_that_has_not_completed_its_rounds_says_so_in_its_title():
+    """An interrupted (or still running) run's sites' files: the table is of the rounds so far, and its title says
+    so; a finished run's, and files written before they recorded the run's rounds, say nothing."""
+    from prrfl.report.listing import RunResults
+
+    def run(**site) -> RunResults:
+        return RunResults("derm_prr", "r1", "derm", "the sites' results.json under /ws", {"site-1": {"best": {}, **site}})
+
+    assert run(rounds_completed=2, num_rounds=5).title() == (
+        "derm_prr (run r1, task derm): the sites' results.json under /ws. NOT FINISHED: 2 of 5 rounds done "
+        "(interrupted, or still running); the numbers so far, not the run's results"
+    )
+    assert run(rounds_completed=5, num_rounds=5).title() == "derm_prr (run r1, task derm): the sites' results.json under /ws"
+    assert run(rounds_completed=2).title() == "derm_prr (run r1, task derm): the sites' results.json under /ws"

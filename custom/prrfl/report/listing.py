@@ -37,7 +37,17 @@ class RunResults:
     crosseval: dict[str, Any] | None = None  # the crosseval.json beside the server's results.json (FLARE's cross-site evaluation)
 
     def title(self) -> str:
-        return f"{self.name} (run {self.run_id}, task {self.task}): {self.source}"
+        return f"{self.name} (run {self.run_id}, task {self.task}): {self.source}{self.unfinished()}"
+
+    def unfinished(self) -> str:
+        """A warning for the title when the run has not completed its rounds (interrupted, or still running): its
+        numbers are those so far, not its results. Empty for a finished run, or where the files do not say
+        (results written before they recorded the run's rounds)."""
+        planned = max((s.get("num_rounds") or 0 for s in self.summaries.values()), default=0)
+        done = max((s.get("rounds_completed") or 0 for s in self.summaries.values()), default=0)
+        if not planned or done >= planned:
+            return ""
+        return f". NOT FINISHED: {done} of {planned} rounds done (interrupted, or still running); the numbers so far, not the run's results"
 
     def table(self) -> str:
         """The per-site table; then the cross-site matrix of the task's primary metric, when the run has one."""

@@ -437,6 +437,7 @@ class SiteRuntime:
             "run_id": self.run_id,
             "seed": self.cfg.seed,
             "rounds_completed": self.round_idx + 1,  # the run's rounds up to this site's last one
+            "num_rounds": self.cfg.num_rounds,  # the run's rounds in all: fewer completed means it has not finished
             "rounds_missed": sorted(set(range(self.round_idx + 1)) - trained),  # e.g. while the site was down
             "data_root": self.data_root,  # None: the task's embedded default data
             "state_dir": str(self.state_dir),  # best_<role>.pt: the reported model (prrfl.crosseval)
