@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import make_runtime, tiny_derm_config
+from nvflare.apis.fl_context import FLContext
 from test_site_loop import initial_download, next_download
 
 from prrfl.flare import liveness, places
@@ -428,6 +430,79 @@ def test_a_run_lock_names_its_holder_and_dies_with_its_process(tmp_path):
         proc.kill()
         proc.wait()
     RunLock(path).acquire(run_name="after the kill").release()
+
+
+def test_a_simulator_job_whose_workspace_was_emptied_ends_naming_what_is_lost_and_where_the_rest_is(tmp_path):
+    ws = tmp_path / "ws"
+    run_dir = ws / "server" / "simulate_job"
+    line = places.emptied_report(
+        "run 0123456789ab of 'derm_prr'",
+        ws,
+        "after round 3",
+        tmp_path / "ws.state" / "server" / "derm_prr",
+        run_dir,
+        "derm_prr",
+        tensorboard=run_dir / "tb_events",
+        cross_site=True,
+    )
+    assert "\n" not in line
+    assert line.startswith(
+        f"run 0123456789ab of 'derm_prr' finished training, but the simulator workspace {ws} was emptied while it ran "
+        "(found after round 3; a second `nvflare simulator` on it?). Lost: "
+    )
+    lost, kept = line.split(". Lost: ")[1].split(". Kept: ")
+    assert lost.split("; ") == [
+        f"its log files in {ws} (what the simulator printed holds the whole log)",
+        f"its TensorBoard events ({run_dir / 'tb_events'})",
+        "its cross-site evaluation, not run (the sites' folders are gone)",
+    ]
+    assert kept.startswith(
+        f"the checkpoints and results in {tmp_path / 'ws.state'} (the server's in {tmp_path / 'ws.state/server/derm_prr'})"
+    )
+    assert f"written again to {run_dir / 'results.json'} and each site's {ws}/<site>/prrfl/derm_prr/results.json" in kept
+    assert kept.endswith(f"; `prrfl crosseval {ws}` computes the cross-site matrix from them")
+    # no TensorBoard (MLflow keeps its store beside the workspace), no cross-site evaluation: neither is named
+    bare = places.emptied_report("run x of 'r'", ws, "at the job's end", tmp_path / "s", run_dir, "r")
+    assert "TensorBoard" not in bare and "cross" not in bare and "(found at the job's end;" in bare
+    warning = places.emptied_warning(run_dir, "after round 3", tmp_path / "ws.state")
+    assert warning.startswith(f"{run_dir} was emptied while this job ran (found after round 3; ")
+    assert warning.endswith("and it will end with an error saying what was lost")
+
+
+def test_the_tensorboard_receiver_says_once_that_its_emptied_folder_lost_the_events_and_stops_writing(tmp_path, caplog):
+    from nvflare.apis.analytix import AnalyticsDataType
+    from nvflare.apis.utils.analytix_utils import create_analytic_dxo
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from prrfl.flare.tracking import TensorBoardReceiver
+
+    tb = tmp_path / "ws" / "server" / "simulate_job" / "tb_events"
+    tb.mkdir(parents=True)
+    receiver = TensorBoardReceiver()
+    receiver.root_log_dir = str(tb)
+    ctx = FLContext()
+
+    def scalar(step: int):
+        return create_analytic_dxo(tag="test/f1", value=1.0, data_type=AnalyticsDataType.SCALAR, global_step=step).to_shareable()
+
+    for step in range(3):
+        receiver.save(ctx, scalar(step), "federation")
+    events = EventAccumulator(str(tb / "federation"))  # each event is in the file as soon as it is received
+    events.Reload()
+    assert [e.step for e in events.Scalars("test/f1")] == [0, 1, 2]
+    assert not receiver.lost()
+    shutil.rmtree(tmp_path / "ws")  # a second `nvflare simulator` on the workspace
+    assert receiver.lost()
+    with caplog.at_level(logging.ERROR):
+        for step in range(3, 30):
+            receiver.save(ctx, scalar(step), "federation")
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors  # FLARE puts the job's context in front
+    assert errors[0].endswith(
+        f"{tb} was emptied while the job ran: the TensorBoard events written there are lost; no more events are written there"
+    )
+    assert receiver.writers_table == {}
+    receiver.finalize(ctx)  # nothing left to flush into the removed folder
 
 
 def test_state_lives_beside_the_simulator_workspace_and_inside_a_deployed_one(tmp_path):

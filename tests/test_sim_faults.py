@@ -154,31 +154,56 @@ def test_a_site_killed_during_prepare_is_left_out_at_once_and_a_frozen_site_does
 
 
 @pytest.mark.drill
-def test_a_second_job_on_a_busy_workspace_is_refused_in_one_line_naming_the_first_run(tmp_path):
-    """The second simulator on the same workspace stops before it reads or moves any state (exit 2), naming
-    the run that holds the workspace; the first run's state stays where it is and it goes on saving rounds."""
-    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=40, local_epochs=1))
-    ws, state_dir = tmp_path / "ws", tmp_path / "ws.state/server/derm_prr"
-    first = simulator(job, ws, 2, tmp_path / "cache", tmp_path / "first.log")
+def test_a_second_job_on_a_busy_workspace_is_refused_and_the_first_ends_with_an_error_naming_what_it_lost(tmp_path, monkeypatch):
+    """The second simulator on the same workspace stops before it reads or moves any state (exit 2), naming the run
+    that holds the workspace. FLARE's simulator has emptied the workspace before that check: the first run trains
+    on (its state beside the workspace untouched), writes its results again, does not start its cross-site
+    evaluation and ends with exit status 2, its last line naming what was lost and where the rest is; the cross-site
+    matrix comes from what was kept (`prrfl crosseval`)."""
+    from prrfl.crosseval import write_crosseval
+
+    rounds = 8  # the first run still holds the workspace when the second's workflow starts (20-60 s after it)
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=rounds, local_epochs=1))
+    ws, state_dir = (tmp_path / "ws").resolve(), (tmp_path / "ws.state/server/derm_prr").resolve()
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    first = simulator(job, ws, 2, tmp_path / "cache", first_log)
     try:
-        wait_for(lambda: (load(state_dir / STATE) or {}).get("next_round", 0) >= 1, 240, "round 0 to be saved")
+        wait_for(lambda: load(state_dir / STATE) is not None, 240, "the sites to prepare (the run's first state)")
         run_id = load(state_dir / STATE)["run_id"]
-        second = tmp_path / "second.log"
-        assert finish(simulator(job, ws, 2, tmp_path / "cache", second), 300) == 2
-        assert first.poll() is None, "the first run ended before the second asked: make it longer"
-        refused = [line for line in second.read_text(errors="replace").splitlines() if "the job cannot start" in line]
+        refused_rc = finish(simulator(job, ws, 2, tmp_path / "cache", second_log), 300)
+        assert refused_rc == 2, "the second run was not refused: the first ended before it started; give the first more rounds"
+        refused = [line for line in second_log.read_text(errors="replace").splitlines() if "the job cannot start" in line]
         assert len(refused) == 1, refused
-        assert f"the simulator workspace {ws.resolve()} is in use by run {run_id} of job 'derm_prr' (pid " in refused[0]
+        assert f"the simulator workspace {ws} is in use by run {run_id} of job 'derm_prr' (pid " in refused[0]
         assert "wait for that job to end, or give this one another workspace" in refused[0]
         # the loss FLARE's simulator caused before the check could run is named, on both sides
         assert "FLARE's simulator empties its workspace before any job code runs, so the running job's files" in refused[0]
-        assert not list(state_dir.parent.glob("derm_prr.replaced-*"))  # nothing was moved aside
-        done = load(state_dir / STATE)["next_round"]
-        wait_for(lambda: (load(state_dir / STATE) or {}).get("next_round", 0) > done, 240, "the first run to save another round")
-        assert load(state_dir / STATE)["run_id"] == run_id
-        wait_for(lambda: "was emptied while this job ran" in (tmp_path / "first.log").read_text(errors="replace"), 60, "the warning")
+        assert finish(first, 600) == 2
     finally:
         kill_process_tree(first.pid, grace=0)
+    out = first_log.read_text(errors="replace")
+    last = out.strip().splitlines()[-1]
+    assert f"run {run_id} of 'derm_prr' finished training, but the simulator workspace {ws} was emptied while it ran" in last, out[-3000:]
+    assert f"Lost: its log files in {ws}" in last and f"its TensorBoard events ({ws}/server/simulate_job/tb_events)" in last
+    assert "its cross-site evaluation, not run" in last and "task (submit_model)" not in out
+    assert f"Kept: the checkpoints and results in {ws}.state (the server's in {state_dir})" in last
+    assert f"`prrfl crosseval {ws}` computes the cross-site matrix from them" in last
+    report = last.split(" - ERROR - ", 1)[1]
+    assert f"Aborting current RUN due to FATAL_SYSTEM_ERROR received: {report}" in out  # FLARE's abort: exit status 2
+    assert f"{ws}/server/simulate_job was emptied while this job ran (found after round " in out  # said when found
+    assert "No such file" not in out and "Receiver save method failed" not in out, "the lost folders are written to"
+    # its state stayed where it was, complete; its results are in the workspace again, where the tools look
+    assert not list(state_dir.parent.glob("derm_prr.replaced-*"))
+    state = load(state_dir / STATE)
+    assert state["run_id"] == run_id and state["next_round"] == rounds
+    assert json.loads((ws / "server/simulate_job/results.json").read_text())["run_id"] == run_id
+    monkeypatch.setenv("PRRFL_CACHE", str(tmp_path / "cache"))  # the data the simulator's sites prepared
+    [path] = write_crosseval(ws)
+    matrix = json.loads(path.read_text())["cross_site"]
+    for site in ("site-1", "site-2"):
+        results = json.loads((ws / site / "prrfl/derm_prr/results.json").read_text())
+        assert results["run_id"] == run_id and results["rounds_completed"] == rounds
+        assert sorted(matrix[site]) == ["site-1", "site-2"] and matrix[site][site] == results["best"]["test"]
 
 
 @pytest.mark.drill

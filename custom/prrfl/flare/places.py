@@ -11,6 +11,9 @@ A new run (not a resumed one) first moves an earlier run's state folder aside (`
 A workspace holds one running job at a time (`RunLock`): the server takes a lock before anything is read
 or moved, so a second job started on the same simulator workspace (or, in a deployment, a second job of the
 same run_name) is refused in one line naming the run that holds it, instead of moving its live state aside.
+FLARE's simulator empties its workspace before that check can run, though: the first job finds its run folder's
+marker gone (`mark_workspace`), trains on, and ends with an error (exit status 2) whose line says what was lost
+and where the rest is (`emptied_report`).
 A site's results.json is also written under its workspace (`<site workspace>/prrfl/<run_name>/`), where
 `prrfl results` and `prrfl report` look; in a deployment both places are the same folder.
 """
@@ -122,23 +125,56 @@ def simulator_state_root(simulator_workspace: Path) -> Path:
 RUNNING_MARKER = ".prrfl-running"
 
 
-def mark_workspace(run_dir: Path, run_id: str) -> Path | None:
-    """A marker in the server's run folder of the workspace; its disappearance tells the job that its workspace
-    was emptied while it ran (a second `nvflare simulator` on it). None when it cannot be written."""
-    marker = Path(run_dir) / RUNNING_MARKER
+def mark_workspace(folder: Path, text: str) -> Path | None:
+    """A marker in the server's run folder of the workspace; its disappearance tells the job that its workspace was
+    emptied while it ran (a second `nvflare simulator` on it). None when it cannot be written."""
+    marker = Path(folder) / RUNNING_MARKER
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(run_id)
+        marker.write_text(text)
     except OSError:
         return None
     return marker
 
 
-def emptied_message(marker: Path) -> str:
+def emptied_warning(run_dir: Path, found: str, state_root: Path) -> str:
+    """The warning of a simulator job that finds its workspace emptied while it runs (`found`: "after round 3")."""
     return (
-        f"{marker.parent} was emptied while this job ran (a second simulator run on the same workspace?): the logs, "
-        "TensorBoard events and results written there so far are lost; the checkpoints and results in the state "
-        "folder beside the workspace are not, and the results are written there and here again at the job's end"
+        f"{run_dir} was emptied while this job ran (found {found}; a second `nvflare simulator` on the same workspace?): "
+        f"what it wrote there (log files, TensorBoard events) is lost; the job goes on, its checkpoints and results are in {state_root}, "
+        "and it will end with an error saying what was lost"
+    )
+
+
+def emptied_report(
+    run: str,
+    workspace: Path,
+    found: str,
+    state_dir: Path,
+    run_dir: Path,
+    run_name: str,
+    tensorboard: Path | None = None,
+    cross_site: bool = False,
+) -> str:
+    """The line a simulator job whose workspace was emptied while it ran ends with (an error, exit status 2): what
+    is lost and where what is kept is. run: "run <id> of '<run_name>'"; found: when the job saw it ("after round
+    3"); state_dir: the server's state folder (`<ws>.state/server/<run_name>`); run_dir: the server's run folder
+    in the workspace, where the results were written again; tensorboard: the job's TensorBoard folder, when events
+    written there were lost (prrfl.flare.tracking.TensorBoardReceiver.lost); cross_site: whether a cross-site evaluation was to follow (it is not run)."""
+    workspace, state_dir = Path(workspace), Path(state_dir)
+    lost = [f"its log files in {workspace} (what the simulator printed holds the whole log)"]
+    if tensorboard is not None:
+        lost.append(f"its TensorBoard events ({tensorboard})")
+    if cross_site:
+        lost.append("its cross-site evaluation, not run (the sites' folders are gone)")
+    kept = (
+        f"the checkpoints and results in {simulator_state_root(workspace)} (the server's in {state_dir}), the results also "
+        f"written again to {Path(run_dir) / 'results.json'} and each site's {workspace}/<site>/prrfl/{run_name}/results.json"
+    )
+    remedy = f"; `prrfl crosseval {workspace}` computes the cross-site matrix from them" if cross_site else ""
+    return (
+        f"{run} finished training, but the simulator workspace {workspace} was emptied while it ran (found {found}; a second "
+        f"`nvflare simulator` on it?). Lost: {'; '.join(lost)}. Kept: {kept}{remedy}"
     )
 
 

@@ -55,12 +55,13 @@ from prrfl.config import ConfigError, RunConfig, unknown_names_error
 from prrfl.deploy import free_ports, kill_process_trees
 from prrfl.errors import CommandFailed
 from prrfl.flare import places
+from prrfl.flare.cross_site import COMPONENT_ID as CROSS_SITE_ID
 from prrfl.flare.cross_site import CrossSiteEvaluation
 from prrfl.flare.job_log import JobLogFollower, poc_server_log
 from prrfl.flare.jobs import JOBS, job_values
 from prrfl.flare.liveness import SIMULATOR_WORKER
 from prrfl.flare.protocol import TASK_TRAIN
-from prrfl.flare.tracking import TRACKING, receiver
+from prrfl.flare.tracking import RECEIVER_ID, TRACKING, receiver
 from prrfl.flare.workflow import STATE_FILE, PersonalizedWorkflow, resume_refusal
 from prrfl.registry import validate_job
 from prrfl.server.federation import ServerState
@@ -174,8 +175,8 @@ class PersonalizedRecipe(Recipe):
             raise ConfigError(self.workflow.refusal)
         fed.to_server(self.workflow, id="workflow")
         if cross_site_eval:
-            fed.to_server(CrossSiteEvaluation(), id="cross_site_eval")
-        fed.to_server(receiver(tracking, tracking_uri, experiment=self.config.run_name), id="receiver")
+            fed.to_server(CrossSiteEvaluation(), id=CROSS_SITE_ID)
+        fed.to_server(receiver(tracking, tracking_uri, experiment=self.config.run_name), id=RECEIVER_ID)
         # ScriptRunner's executor, with the script shipped as a file source: ScriptRunner itself wants the
         # script under the current directory, and a recipe must build from anywhere
         fed.to_clients(

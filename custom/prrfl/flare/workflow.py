@@ -12,12 +12,15 @@ stops with the saved state of the last completed round.
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 from typing import Any
 
 import psutil
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.workflows.cross_site_eval import CrossSiteEval
 from nvflare.app_opt.pt.decomposers import TensorDecomposer
+from nvflare.fuel.f3.mpm import MainProcessMonitor
 from nvflare.fuel.utils import fobs
 from nvflare.fuel.utils.memory_utils import cleanup_memory
 
@@ -25,9 +28,10 @@ from prrfl.config import ConfigError, RunConfig
 from prrfl.flare import places, sim_race
 from prrfl.flare import protocol as P
 from prrfl.flare.components.controller import Answers, PerClientController
+from prrfl.flare.cross_site import COMPONENT_ID as CROSS_SITE_ID
 from prrfl.flare.liveness import AUTO, Deadline
 from prrfl.flare.places import RunLock, WorkspaceBusy, differences
-from prrfl.flare.tracking import publish_cohorts, send_scalars
+from prrfl.flare.tracking import RECEIVER_ID, TensorBoardReceiver, publish_cohorts, send_scalars
 from prrfl.messages import PrepareReply
 from prrfl.metrics import nanmean
 from prrfl.registry import build_method, build_task, validate_config
@@ -126,6 +130,7 @@ class PersonalizedWorkflow(PerClientController):
         self.estimate_timeout_factor = estimate_timeout_factor
         self.memory_gc_rounds = memory_gc_rounds
         self._marker: Path | None = None  # the workspace marker of a simulator run (places.mark_workspace)
+        self._emptied: str | None = None  # when the job found its simulator workspace emptied ("after round 3")
         self._resumed_at: int | None = None  # the first round of a resumed job: its sites start afresh inside it
         # A bad argument (a hand-edited job folder) is not raised here, where FLARE would bury it in a long traceback
         # about building its components: the job starts, and `run` refuses it in one line naming the file.
@@ -152,7 +157,9 @@ class PersonalizedWorkflow(PerClientController):
         """The job under the workspace's lock (prrfl.flare.places.RunLock): taken before any state is read
         or moved, so a second job on the same workspace is refused instead of moving this one's live state
         aside. In the simulator, the processes of sites lost during the job are ended at its end, so that a
-        frozen site cannot keep the simulator from exiting (prrfl.flare.liveness.release_lost_workers)."""
+        frozen site cannot keep the simulator from exiting (prrfl.flare.liveness.release_lost_workers), and the
+        run folder is marked: FLARE's simulator empties the workspace before a second job's lock check, so a job
+        that finds its marker gone trains on and ends with an error naming what was lost (`_end_emptied`)."""
         if self._refusal is not None:
             self.panic(f"the job cannot start: {self._config_file()}, component 'workflow': {self._refusal}")
             return
@@ -179,6 +186,8 @@ class PersonalizedWorkflow(PerClientController):
         except OSError as e:  # ensure_writable names the folder and the setting
             self.panic(f"the job cannot start: {e}")
             return
+        if places.in_simulator(job_id):  # marked once the lock is held: a refused job marks nothing
+            self._marker = places.mark_workspace(Path(self.get_run_dir()), self.cfg.run_name)
         try:
             self._run(state_dir, lock)
         finally:
@@ -226,10 +235,11 @@ class PersonalizedWorkflow(PerClientController):
         if state.next_round >= cfg.num_rounds:
             self.info(f"run {state.run_id} has completed all {cfg.num_rounds} rounds; nothing to train (raise num_rounds to extend it)")
         self.federation, self.state, self.sites, self.common, self.state_path = federation, state, sites, common, state_dir
-        in_sim = places.in_simulator(self.fl_ctx.get_job_id() if self.fl_ctx else None)
-        self._marker = places.mark_workspace(Path(self.get_run_dir()), state.run_id) if in_sim else None
         if self.run_rounds(state.next_round, cfg.num_rounds, P.TASK_TRAIN) and self._score_last():
             self._finish(federation, self.state, state_dir)
+            self._check_workspace("at the job's end")
+            if self._emptied:
+                self._end_emptied(state_dir)
 
     # ----- the hooks of PerClientController.run_rounds ---------------------------------------------------
     def round_clients(self, round_idx: int) -> list[str]:
@@ -281,15 +291,43 @@ class PersonalizedWorkflow(PerClientController):
             )
             return False
         self.state = outcome.state
-        if self._marker is not None and not self._marker.exists():  # once: a second simulator run emptied the workspace
-            self.warning(places.emptied_message(self._marker))
-            self._marker = None
+        self._check_workspace(f"after round {round_idx}")
         if self.memory_gc_rounds and (round_idx + 1) % self.memory_gc_rounds == 0:
             cleanup_memory()
         summaries = outcome.summary.summaries
         self._log_round(round_idx, summaries, task.primary_metric, method.eval_role)
         self._track_round(round_idx, summaries, method.server_scalars(outcome.downloads), task.primary_metric)
         return True
+
+    def _check_workspace(self, when: str) -> None:
+        """In the simulator: whether the workspace was emptied while the job ran (its marker is gone), said once."""
+        if self._marker is None or self._emptied or self._marker.exists():
+            return
+        self._emptied = when
+        self.warning(places.emptied_warning(self._marker.parent, when, places.simulator_state_root(self._workspace())))
+
+    def _workspace(self) -> Path:
+        """The simulator's workspace (`-w`): the folder above the server's."""
+        return Path(self.engine.get_workspace().get_root_dir()).resolve().parent
+
+    def _end_emptied(self, state_dir: Path) -> None:
+        """A simulator job whose workspace was emptied while it ran ends with an error (exit status 2) saying what is
+        lost and where what is kept is: FLARE logs it, and it is logged again as the simulator's server process
+        ends, after its sites' processes, so that it is the last line. The cross-site evaluation that would follow
+        is not run: the abort ends the job after this workflow."""
+        receiver = self.engine.get_component(RECEIVER_ID)
+        report = places.emptied_report(
+            f"run {self.state.run_id} of '{self.cfg.run_name}'",
+            self._workspace(),
+            self._emptied or "",
+            state_dir,
+            Path(self.get_run_dir()),
+            self.cfg.run_name,
+            tensorboard=Path(receiver.root_log_dir) if isinstance(receiver, TensorBoardReceiver) and receiver.lost() else None,
+            cross_site=isinstance(self.engine.get_component(CROSS_SITE_ID), CrossSiteEval),
+        )
+        say_last(self.logger, report)
+        self.panic(report)
 
     def _score_last(self) -> bool:
         """For a method that reports its global model (`Method.reports_download`): each site scores the last round's
@@ -496,6 +534,17 @@ def site_means(summaries: dict[str, Any], end: int) -> dict[int, dict[str, float
     for (tag, step), values in scalars.items():
         at_step.setdefault(step, {})[tag] = nanmean(values)
     return at_step
+
+
+def say_last(logger: logging.Logger, message: str) -> None:
+    """Log `message` (as an error) once more when this process has ended its job: FLARE's process monitor calls its
+    cleanup callbacks after the job, and in the simulator's server process after the sites' processes ended, so
+    the message is the last line the simulator prints."""
+
+    def say_again() -> None:  # a named function: the monitor logs its callbacks by name
+        logger.error(message)
+
+    MainProcessMonitor.add_cleanup_cb(say_again)
 
 
 def round_answers(answers: Answers) -> RoundAnswers:
