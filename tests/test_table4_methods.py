@@ -35,6 +35,14 @@ def test_the_classification_methods_refuse_segmentation(name, tiny_seg_task):
         build_method(RunConfig(task="tinyseg", method=name), tiny_seg_task)
 
 
+@pytest.mark.parametrize("name", ["fedlc", "fedrs"])
+def test_the_loss_methods_refuse_a_run_wide_balanced_softmax_that_would_replace_their_rule(name):
+    from prrfl.registry import validate_config
+
+    with pytest.raises(ConfigError, match="rule is its classification loss; class_loss=balanced_softmax would replace it"):
+        validate_config({"task": "derm", "method": name, "class_loss": "balanced_softmax"})
+
+
 # ----- Local Learning --------------------------------------------------------------------------------------------
 def test_local_learning_shares_nothing_and_keeps_each_sites_model(tiny_task, tmp_path):
     site = make_runtime(tiny_task, tmp_path, method="local", local_epochs=1, eval_test_every_epoch=False)

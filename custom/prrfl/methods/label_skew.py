@@ -16,6 +16,13 @@ if TYPE_CHECKING:
     from prrfl.tasks.base import Task
 
 
+def _own_class_term(name: str, cfg) -> None:
+    """The method's rule is its classification term: a run's `class_loss=balanced_softmax`, which replaces every
+    method's term, would leave plain FedAvg under the method's name."""
+    if cfg.class_loss != "method":
+        raise ValueError(f"{name}'s rule is its classification loss; class_loss={cfg.class_loss} would replace it (use class_loss=method)")
+
+
 def _classification_only(name: str, task: Task) -> str | None:
     if not isinstance(task, ClassificationTask):
         return f"{name}'s loss works on the class counts of a site's images (classification tasks)"
@@ -47,13 +54,15 @@ class FedLC(FedAvg):
     Choices: tau = 1.0 (the paper's default; FCA's code states no setting for it); n_c are the site's training
     counts; a class the site lacks is out of its softmax (the formula's limit at n_c = 0); the calibration is a
     training loss only: the models are evaluated on their plain logits. Everything else is FedAvg's (sample-weighted
-    average of the whole model, the global model reported). Classification only.
+    average of the whole model, the global model reported). Classification only; refused with
+    `class_loss=balanced_softmax`, which would replace the calibrated loss.
     """
 
     name = "fedlc"
 
     def __init__(self, cfg, task, *, tau: float = 1.0, **options: Any):
         super().__init__(cfg, task, **options)
+        _own_class_term("FedLC", cfg)
         if not tau >= 0:
             raise ValueError(f"FedLC option tau must be >= 0, got {tau}")
         self.tau = tau
@@ -75,13 +84,14 @@ class FedRS(FedAvg):
     Choices: alpha = 0.5 (the paper's default; FCA's code states no setting for it); the restriction is the paper's
     binary one (1 for a class the site has, alpha for one it lacks) applied to the whole logit, bias included; it is a
     training loss only: the models are evaluated on their plain logits. Everything else is FedAvg's. Classification
-    only.
+    only; refused with `class_loss=balanced_softmax`, which would replace the restricted softmax.
     """
 
     name = "fedrs"
 
     def __init__(self, cfg, task, *, alpha: float = 0.5, **options: Any):
         super().__init__(cfg, task, **options)
+        _own_class_term("FedRS", cfg)
         if not 0 <= alpha <= 1:
             raise ValueError(f"FedRS option alpha must lie in [0, 1], got {alpha}")
         self.alpha = alpha
