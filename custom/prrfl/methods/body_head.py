@@ -1,6 +1,6 @@
 """Methods that split the model into a shared body and a head at each site: FedRep and FedBABU, two competitors of
 FCA's Table 4. The head is the task model's classifier layer (the module of its `classifier_key`); the body is
-everything else."""
+everything else. FCA's published code holds FedAvg and FCA only, so the settings here are the papers'."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """FedAvg with a local loss for label-distribution skew: FedLC (logit calibration) and FedRS (restricted
-softmax), two competitors of FCA's Table 4."""
+softmax), two competitors of FCA's Table 4. FCA's published code holds FedAvg and FCA only, so the settings here
+are the papers'."""
 
 from __future__ import annotations
 
