@@ -33,7 +33,8 @@ class MOON(FedAvg):
     received this round, z_prev that of the site's own model at the end of its previous round (`model_contrastive_loss`).
     It pulls the local representation towards the global one and away from the previous local one.
 
-    Choices: mu = 1 and T = 0.5 (the paper's defaults; FCA's code states no setting for them); the representation is
+    Choices: mu = 1 (the paper's for CIFAR-100 and Tiny-ImageNet; 5 for CIFAR-10) and T = 0.5 (the paper's); FCA's
+    published code holds FedAvg and FCA only and states no setting for them; the representation is
     the task model's embedding (the classifier's input), without the paper's extra projection head, so that the
     model is the one every method trains; the global and previous models are frozen copies in evaluation mode, as in
     the authors' code (one previous model: their buffer size 1); in the first round there is no previous model and
