@@ -21,18 +21,23 @@ TASKS: dict[str, str] = {
 
 def _methods() -> dict[str, type[Method]]:
     from prrfl.methods.apfl import APFL
+    from prrfl.methods.body_head import FedBABU, FedRep
     from prrfl.methods.fca import FCA
     from prrfl.methods.fedavg import FedAvg, FedBN, FedProx, SiloBN
     from prrfl.methods.fedproto import FedProto
     from prrfl.methods.fml import FML
     from prrfl.methods.harmofl import HarmoFL
     from prrfl.methods.ida import IDA
+    from prrfl.methods.label_skew import FedLC, FedRS
+    from prrfl.methods.local import Local
+    from prrfl.methods.moon import MOON
     from prrfl.methods.perfedavg import PerFedAvg
     from prrfl.methods.pfedme import PFedMe
     from prrfl.methods.prr import PRR
     from prrfl.methods.prr_variants import PRRFL, FedeAMC, FedFocal
 
     classes = (PRR, PRRFL, FedAvg, FedProx, SiloBN, IDA, FedBN, FedProto, FML, PerFedAvg, PFedMe, APFL, FedeAMC, FedFocal, FCA, HarmoFL)
+    classes += (Local, FedLC, FedRS, MOON, FedRep, FedBABU)  # FCA's Table 4 competitors
     return {cls.name: cls for cls in classes}
 
 
