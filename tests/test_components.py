@@ -317,6 +317,25 @@ def test_tracker_attaches_the_class_means_and_the_reader_finds_them():
     assert stats.prototypes.tolist() == [[2.0, 1.0], [0.0, 0.0], [0.0, 6.0]]  # one client: sigma 0, the mean itself
 
 
+def test_prrfls_sites_read_the_global_prototypes_as_a_flare_client_does():
+    """One reader of what the server sends: prrfl's methods keep at a site what `GlobalStatistics` reads."""
+    from types import SimpleNamespace
+
+    from prrfl.methods import prototype_exchange
+    from prrfl.server import prototypes as server_prototypes
+
+    assert issubclass(GlobalStatistics, server_prototypes.GlobalStatistics)
+    protos = torch.tensor([[0.5, -1.0], [0.0, 0.0], [2.0, 3.25]], dtype=torch.float64)
+    sent = server_prototypes.download_meta(protos, torch.tensor([True, False, True]))
+    stats = GlobalStatistics.from_model(FLModel(params={}, meta=sent))
+    site = SimpleNamespace(memory={})
+    prototype_exchange.receive(site, sent)
+    assert torch.equal(site.memory["global_prototypes"], stats.prototypes) and site.memory["global_prototypes"].dtype == torch.float64
+    assert torch.equal(site.memory["global_present"], stats.present) and stats.present.tolist() == [True, False, True]
+    prototype_exchange.receive(site := SimpleNamespace(memory={}), {})  # nothing sent (the first round): nothing kept
+    assert site.memory == {} and GlobalStatistics.from_meta({}).prototypes is None
+
+
 # ----- the DET pair ----------------------------------------------------------------------------------
 def pair() -> PersonalizedPair:
     torch.manual_seed(0)

@@ -14,9 +14,7 @@ Client side: `PrototypeTracker` accumulates the prototypes and attaches them to 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from nvflare.apis.fl_component import FLComponent
@@ -60,25 +58,10 @@ class PrototypeTracker(prototypes_core.PrototypeTracker):
         return model
 
 
-@dataclass
-class GlobalStatistics:
-    """What the server sent a client: global class counts [C] and global prototypes [C, D] with their
-    presence [C]; each None when the received model carries none (e.g. in the first round)."""
-
-    class_counts: torch.Tensor | None = None
-    prototypes: torch.Tensor | None = None
-    present: torch.Tensor | None = None
-
-    @classmethod
-    def from_meta(cls, meta: Mapping[str, Any] | None) -> GlobalStatistics:
-        meta = meta or {}
-        counts = meta.get(GLOBAL_CLASS_COUNTS)
-        protos = meta.get(GLOBAL_PROTOTYPES)
-        return cls(
-            class_counts=None if counts is None else torch.tensor(counts, dtype=torch.long),
-            prototypes=None if protos is None else torch.tensor(protos, dtype=torch.float64),
-            present=None if protos is None else torch.tensor(meta[GLOBAL_PROTOTYPE_PRESENT], dtype=torch.bool),
-        )
+class GlobalStatistics(prototypes.GlobalStatistics):
+    """Client side: what the server sent a client (`prrfl.server.prototypes.GlobalStatistics`, the reader prrfl's
+    own sites use): global class counts [C] and global prototypes [C, D] with their presence [C]; each None when
+    the received model carries none (e.g. in the first round)."""
 
     @classmethod
     def from_model(cls, model: FLModel) -> GlobalStatistics:
