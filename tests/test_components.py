@@ -80,6 +80,7 @@ def test_fourier_aggregator_is_pfa_aggregate_with_the_same_arguments(components,
         weights=site_weights(as_uploads(STATES, SAMPLES), weighting),
         components=components,
         classifier_key="fc2.weight",
+        bn_keys=local_batchnorm_keys(Net()),
     )
     assert list(out) == list(STATES) and aggregator.r == r == pytest.approx(0.2 + (0.45 - 0.2) / 3)  # linear, round 1 of 0..3
     for client, want in zip(STATES, expected):
@@ -94,7 +95,7 @@ def test_fourier_aggregator_uniform_weights_equal_pfa_without_weights():
     aggregator = FourierAggregator()
     aggregator.use_model(Net())
     out = aggregator.aggregate_states(STATES, {}, round_idx=0, num_rounds=3)
-    expected = pfa_aggregate(list(STATES.values()), 0.35)  # BatchNorm found by name: the same keys here
+    expected = pfa_aggregate(list(STATES.values()), 0.35, bn_keys=local_batchnorm_keys(Net()))
     assert all(torch.equal(out[c][k], e[k]) for c, e in zip(STATES, expected) for k in e)
 
 
