@@ -125,6 +125,30 @@ def test_only_the_flare_glue_and_its_callers_import_flare():
     assert users == ["cli", "sweep"]  # the command line and the sweeps run jobs; no method, task, site or server part does
 
 
+def nvflare_importers(package: Path) -> set[str]:
+    """The package's modules that import nvflare anywhere: at the top, in a function or under TYPE_CHECKING."""
+    found = set()
+    for name, path in module_files(package).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            if any(target.split(".")[0] == "nvflare" for target in targets):
+                found.add(name)
+    return found
+
+
+def test_only_the_flare_glue_imports_nvflare():
+    """FLARE is used in one folder, prrfl/flare/ (its deployment on provisioned kits and POC processes too); every
+    other module, and every module the glue imports from outside it, runs without FLARE."""
+    importers = nvflare_importers(PACKAGE)
+    assert {"prrfl.flare.deployment", "prrfl.flare.components.aggregators"} <= importers  # function-level imports count
+    assert sorted(m for m in importers if not m.startswith("prrfl.flare.")) == []
+
+
 def test_the_server_cores_load_no_nvflare_module():
     """The server's cores, the round logic and the site-side cores the FLARE components wrap (the DET pair, the prototype
     tracker) are FLARE-free: importing them (and every method) loads no nvflare module."""

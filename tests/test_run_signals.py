@@ -16,8 +16,8 @@ import pytest
 from conftest import TINY_DATA, our_processes, wait_for
 
 from prrfl import cli
-from prrfl.deploy import kill_process_tree
 from prrfl.errors import interruption
+from prrfl.flare.deployment import kill_process_tree
 from prrfl.flare.liveness import SIMULATOR_WORKER
 
 RESUME_LINE = "run the same command with --resume auto to continue from the last completed round"

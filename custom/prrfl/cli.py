@@ -218,7 +218,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from prrfl.deploy import cli
+    from prrfl.flare.deployment import cli
 
     return cli(args)
 

@@ -50,10 +50,10 @@ from nvflare.recipe.poc_env import PocEnv
 from nvflare.recipe.spec import ExecEnv, Recipe
 
 from prrfl.config import ConfigError, RunConfig, unknown_names_error
-from prrfl.deploy import free_ports, kill_process_trees
 from prrfl.errors import CommandFailed
 from prrfl.flare import places
 from prrfl.flare.cross_site import CrossSiteEvaluation
+from prrfl.flare.deployment import free_ports, kill_process_trees
 from prrfl.flare.jobs import JOBS, job_values
 from prrfl.flare.liveness import SIMULATOR_WORKER
 from prrfl.flare.protocol import TASK_TRAIN
