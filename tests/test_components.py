@@ -10,9 +10,9 @@ from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from torch import nn
 
+from prrfl.algorithms.class_prototypes import sample_global_prototypes
 from prrfl.algorithms.det import Phase
 from prrfl.algorithms.pfa import pfa_aggregate, pfa_threshold
-from prrfl.algorithms.prototypes import sample_global_prototypes
 from prrfl.flare.components import (
     CLASS_COUNTS,
     GLOBAL_CLASS_COUNTS,
@@ -323,11 +323,11 @@ def test_prrfls_sites_read_the_global_prototypes_as_a_flare_client_does():
     from types import SimpleNamespace
 
     from prrfl.methods import prototype_exchange
-    from prrfl.server import prototypes as server_prototypes
+    from prrfl.server import class_statistics
 
-    assert issubclass(GlobalStatistics, server_prototypes.GlobalStatistics)
+    assert issubclass(GlobalStatistics, class_statistics.GlobalStatistics)
     protos = torch.tensor([[0.5, -1.0], [0.0, 0.0], [2.0, 3.25]], dtype=torch.float64)
-    sent = server_prototypes.download_meta(protos, torch.tensor([True, False, True]))
+    sent = class_statistics.download_meta(protos, torch.tensor([True, False, True]))
     stats = GlobalStatistics.from_model(FLModel(params={}, meta=sent))
     site = SimpleNamespace(memory={})
     prototype_exchange.receive(site, sent)

@@ -20,7 +20,7 @@ from test_recipe import TINY_SETS
 
 from prrfl.flare import deployment
 from prrfl.flare.deployment import POC_TEMPLATE, kill_process_tree, make_project
-from prrfl.flare.recipe import export_job, server_results
+from prrfl.flare.job_recipe import export_job, server_results
 from prrfl.sweep import simulator_command
 
 SITES = ["vidir-modern", "vidir-molemax"]

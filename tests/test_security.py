@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import make_runtime
 
-from prrfl.flare import protocol as P
+from prrfl.flare import task_protocol as P
 from prrfl.messages import Download
 from prrfl.site.trainer import run_round
 

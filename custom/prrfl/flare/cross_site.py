@@ -25,7 +25,7 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.workflows.cross_site_eval import CrossSiteEval
 
 from prrfl.crosseval import CROSSEVAL_FILE, cross_site_eval_result, summary_line
-from prrfl.flare import protocol as P
+from prrfl.flare import task_protocol as P
 from prrfl.storage import load_json, save_json
 
 CARD = "model_card"  # meta key of a submitted model: its card (prrfl.site.state.SiteRuntime.model_card)

@@ -61,14 +61,14 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from prrfl.algorithms import cpa, det, pfa, prototypes
+from prrfl.algorithms import class_prototypes, cpa, det, pfa
 from prrfl.keys import PFA_R, PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.messages import Download, Upload
 from prrfl.methods import prototype_exchange as protos
 from prrfl.methods.base import Method, global_class_counts, proximal_term
 from prrfl.methods.view import SiteView
 from prrfl.server import aggregation
-from prrfl.server.prototypes import PrototypeExchange
+from prrfl.server.class_statistics import PrototypeExchange
 
 PHASE_NAMES = det.PHASE_NAMES  # recover, exchange, sublimate
 
@@ -97,7 +97,7 @@ class PRROptions:
     beta: float = 0.8
     tau: float = 3.0
     cpa_refine_from_round: int = 0  # authors: 15
-    proto_std: prototypes.StdKind = "biased"  # "unbiased": the authors' K-1 divisor
+    proto_std: class_prototypes.StdKind = "biased"  # "unbiased": the authors' K-1 divisor
     proto_std_floor: float = 0.0  # authors: 1.0
     cpa_ce_mix: float = 0.0  # authors' segmentation code: 0.5
     distillation: det.Distillation = "kl"  # authors' segmentation code: "mse"

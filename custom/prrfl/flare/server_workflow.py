@@ -23,7 +23,7 @@ from nvflare.fuel.utils.memory_utils import cleanup_memory
 
 from prrfl.config import ConfigError, RunConfig
 from prrfl.flare import places, sim_race
-from prrfl.flare import protocol as P
+from prrfl.flare import task_protocol as P
 from prrfl.flare.components.controller import Answers, PerClientController
 from prrfl.flare.liveness import AUTO, Deadline
 from prrfl.flare.places import RunLock, WorkspaceBusy, differences

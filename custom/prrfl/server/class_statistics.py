@@ -5,7 +5,7 @@ Each site sends, in its result's meta, the mean embedding of each class over its
 class counts (`CLASS_COUNTS`, [C] ints); prrfl.keys names them. `PrototypeExchange` turns a round's metas
 into global statistics: the summed class counts (`GLOBAL_CLASS_COUNTS`) and a sample of the global prototype
 of each class (`GLOBAL_PROTOTYPES`, `GLOBAL_PROTOTYPE_PRESENT`), drawn from N(mean, std^2) over the sites'
-prototypes (`prrfl.algorithms.prototypes.sample_global_prototypes`). Only [C, D] means and counts travel,
+prototypes (`prrfl.algorithms.class_prototypes.sample_global_prototypes`). Only [C, D] means and counts travel,
 never an embedding of a sample. `download_meta` writes the global prototypes into a download's meta and
 `GlobalStatistics.from_meta` reads them back at a site: prrfl's methods (prrfl.methods.prototype_exchange) and
 a FLARE client (prrfl.flare.components.GlobalStatistics.from_model) alike.
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from prrfl.algorithms.prototypes import STD_KINDS, StdKind, sample_global_prototypes
+from prrfl.algorithms.class_prototypes import STD_KINDS, StdKind, sample_global_prototypes
 from prrfl.keys import CLASS_COUNTS, GLOBAL_CLASS_COUNTS, GLOBAL_PROTOTYPE_PRESENT, GLOBAL_PROTOTYPES, PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.server.checks import class_counts_problem, prototype_problem, round_value
 
