@@ -13,7 +13,7 @@
 import argparse
 
 from prrfl.cli import apply_overrides
-from prrfl.flare.recipe import PersonalizedRecipe, environment, result_tables
+from prrfl.flare.job_recipe import PersonalizedRecipe, environment, result_tables
 from prrfl.registry import task_class
 
 

@@ -107,7 +107,7 @@ def site(args: argparse.Namespace) -> None:
 
 
 def server(args: argparse.Namespace) -> None:
-    from prrfl.flare.recipe import export_job
+    from prrfl.flare.job_recipe import export_job
     from prrfl.sweep import simulator_command
 
     work = Path(tempfile.mkdtemp(prefix="prrfl_memory_"))

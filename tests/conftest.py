@@ -159,7 +159,7 @@ def poc_workspace(tmp_path, monkeypatch):
     """The FLARE POC workspace of one test (NVFLARE_POC_WORKSPACE, for the test and what it starts). Whatever
     the test's outcome, no process of it outlives the test: a POC left running holds its ports and its CPU for the
     tests after it."""
-    from prrfl.deploy import kill_process_tree
+    from prrfl.flare.deployment import kill_process_tree
 
     poc = tmp_path / "poc"
     monkeypatch.setenv("NVFLARE_POC_WORKSPACE", str(poc))

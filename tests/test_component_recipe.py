@@ -97,7 +97,7 @@ from pathlib import Path
 from model import Net
 from prrfl.flare.components import FourierAggregator
 from prrfl.flare.components.recipe import PersonalizedFedAvgRecipe
-from prrfl.flare.recipe import FreePortPocEnv, end_poc_processes
+from prrfl.flare.job_recipe import FreePortPocEnv, end_poc_processes
 
 recipe = PersonalizedFedAvgRecipe(
     name="recipe_poc", model=Net(), train_script="client.py", num_rounds=2, min_clients=2, aggregator=FourierAggregator()

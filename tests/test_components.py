@@ -10,9 +10,9 @@ from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from torch import nn
 
+from prrfl.algorithms.class_prototypes import sample_global_prototypes
 from prrfl.algorithms.det import Phase
 from prrfl.algorithms.pfa import pfa_aggregate, pfa_threshold
-from prrfl.algorithms.prototypes import sample_global_prototypes
 from prrfl.flare.components import (
     CLASS_COUNTS,
     GLOBAL_CLASS_COUNTS,
@@ -80,6 +80,7 @@ def test_fourier_aggregator_is_pfa_aggregate_with_the_same_arguments(components,
         weights=site_weights(as_uploads(STATES, SAMPLES), weighting),
         components=components,
         classifier_key="fc2.weight",
+        bn_keys=local_batchnorm_keys(Net()),
     )
     assert list(out) == list(STATES) and aggregator.r == r == pytest.approx(0.2 + (0.45 - 0.2) / 3)  # linear, round 1 of 0..3
     for client, want in zip(STATES, expected):
@@ -94,7 +95,7 @@ def test_fourier_aggregator_uniform_weights_equal_pfa_without_weights():
     aggregator = FourierAggregator()
     aggregator.use_model(Net())
     out = aggregator.aggregate_states(STATES, {}, round_idx=0, num_rounds=3)
-    expected = pfa_aggregate(list(STATES.values()), 0.35)  # BatchNorm found by name: the same keys here
+    expected = pfa_aggregate(list(STATES.values()), 0.35, bn_keys=local_batchnorm_keys(Net()))
     assert all(torch.equal(out[c][k], e[k]) for c, e in zip(STATES, expected) for k in e)
 
 
@@ -315,6 +316,25 @@ def test_tracker_attaches_the_class_means_and_the_reader_finds_them():
     stats = GlobalStatistics.from_model(FLModel(params={}, meta=sent))
     assert stats.class_counts.tolist() == [5, 0, 2] and stats.present.tolist() == [True, False, True]
     assert stats.prototypes.tolist() == [[2.0, 1.0], [0.0, 0.0], [0.0, 6.0]]  # one client: sigma 0, the mean itself
+
+
+def test_prrfls_sites_read_the_global_prototypes_as_a_flare_client_does():
+    """One reader of what the server sends: prrfl's methods keep at a site what `GlobalStatistics` reads."""
+    from types import SimpleNamespace
+
+    from prrfl.methods import prototype_exchange
+    from prrfl.server import class_statistics
+
+    assert issubclass(GlobalStatistics, class_statistics.GlobalStatistics)
+    protos = torch.tensor([[0.5, -1.0], [0.0, 0.0], [2.0, 3.25]], dtype=torch.float64)
+    sent = class_statistics.download_meta(protos, torch.tensor([True, False, True]))
+    stats = GlobalStatistics.from_model(FLModel(params={}, meta=sent))
+    site = SimpleNamespace(memory={})
+    prototype_exchange.receive(site, sent)
+    assert torch.equal(site.memory["global_prototypes"], stats.prototypes) and site.memory["global_prototypes"].dtype == torch.float64
+    assert torch.equal(site.memory["global_present"], stats.present) and stats.present.tolist() == [True, False, True]
+    prototype_exchange.receive(site := SimpleNamespace(memory={}), {})  # nothing sent (the first round): nothing kept
+    assert site.memory == {} and GlobalStatistics.from_meta({}).prototypes is None
 
 
 # ----- the DET pair ----------------------------------------------------------------------------------

@@ -39,8 +39,8 @@ def emit(logger: logging.Logger, name: str, level: int, msg: str) -> None:
 RECORDS = [
     ("nvflare.fuel.f3.streaming.cacheable", logging.INFO, "set transaction info: tx_id='T1'"),
     ("nvflare.app_common.executors.client_api_executor.ClientAPIExecutor", logging.INFO, "execute for task (train)"),
-    ("prrfl.flare.workflow.PersonalizedWorkflow", logging.INFO, "Sending task train to ['site-1']"),
-    ("prrfl.flare.workflow.PersonalizedWorkflow", logging.INFO, "round 0 done"),
+    ("prrfl.flare.server_workflow.PersonalizedWorkflow", logging.INFO, "Sending task train to ['site-1']"),
+    ("prrfl.flare.server_workflow.PersonalizedWorkflow", logging.INFO, "round 0 done"),
     ("nvflare.private.fed.server.server_runner", logging.WARNING, "client site-2 is lost"),
     ("nvflare.app_common.workflows", logging.DEBUG, "a debug line"),
     ("hello_pt.client", logging.INFO, "my own line"),

@@ -10,7 +10,7 @@ from conftest import tiny_derm_config
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from prrfl.crosseval import cross_site_eval_result, summary_line
-from prrfl.flare import protocol as P
+from prrfl.flare import task_protocol as P
 from prrfl.flare.cross_site import CARD, CrossSiteEvaluation, sites_to_evaluate
 from prrfl.flare.site_app import build_runtime, submit_best_model, validate_model
 from prrfl.flare.site_config import SiteConfig

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prrfl.algorithms.pfa import batchnorm_keys, fourier_mix, guess_batchnorm_keys, pfa_aggregate
+from prrfl.algorithms.pfa import batchnorm_keys, fourier_mix, pfa_aggregate
 from prrfl.models.deeplab import DeepLabV2ResNet18, feature_size
 
 
@@ -83,9 +83,8 @@ def test_initialisation():
     assert w.std().item() == pytest.approx(math.sqrt(2 / (256 * 9)), rel=0.05)
 
 
-def test_batchnorm_keys_are_all_found_by_type_and_by_name():
+def test_batchnorm_keys_are_all_found_by_type():
     model = build()
-    state = model.state_dict()
     expected = {
         f"{name}.{leaf}"
         for name, m in model.named_modules()
@@ -95,10 +94,9 @@ def test_batchnorm_keys_are_all_found_by_type_and_by_name():
     assert len(expected) == 20 * 5  # bn1 + 2 per block x 8 blocks + 3 downsample.1
     assert {k for k in expected if "downsample.1" in k}
     assert batchnorm_keys(model) == expected
-    assert guess_batchnorm_keys(state) == expected
     conv_keys = {f"{n}.{p}" for n, m in model.named_modules() if isinstance(m, nn.Conv2d) for p, _ in m.named_parameters()}
     assert len(conv_keys) == 20 + 8 and not conv_keys & expected
-    assert set(state) == expected | conv_keys
+    assert set(model.state_dict()) == expected | conv_keys
 
 
 def test_parameter_count_of_the_paper_width():
@@ -150,28 +148,27 @@ def test_pfa_runs_on_three_sites():
     assert key == "aspp.0.weight" and sites[0][key].shape == (2, 128, 3, 3)
     assert model.classifier_keys == tuple(f"aspp.{i}.weight" for i in range(4))
     bn = batchnorm_keys(model)
-    for bn_keys in (bn, None):  # by type, and guessed from the names
-        out = pfa_aggregate(sites, 0.35, classifier_key=key, bn_keys=bn_keys)
-        assert len(out) == 3
-        for new, old in zip(out, sites):
-            assert set(new) == set(old)
-            for k, v in new.items():
-                assert v.shape == old[k].shape and v.dtype == old[k].dtype, k
-                if v.is_floating_point():
-                    assert torch.isfinite(v).all(), k
-                if k in bn:
-                    assert torch.equal(v, old[k]), k  # BN stays at its site
-        for k in ("aspp.0.bias", "aspp.3.bias"):  # biases: plain average
-            torch.testing.assert_close(out[0][k], sum(s[k] for s in sites) / 3)
-        # the classifier key is mixed as one row of D*3*3 per class
-        stack = torch.stack([s[key].double() for s in sites]).flatten(2)
-        rows = fourier_mix(stack, 0.35, ndim=1).view(3, *sites[0][key].shape)
-        for k in range(3):
-            torch.testing.assert_close(out[k][key], rows[k].float())
-        # the mixed states load and run
-        model.load_state_dict(out[1])
-        logits, _ = model.eval()(torch.randn(1, 1, 64, 64))
-        assert torch.isfinite(logits).all()
+    out = pfa_aggregate(sites, 0.35, classifier_key=key, bn_keys=bn)  # BN found by layer type
+    assert len(out) == 3
+    for new, old in zip(out, sites):
+        assert set(new) == set(old)
+        for k, v in new.items():
+            assert v.shape == old[k].shape and v.dtype == old[k].dtype, k
+            if v.is_floating_point():
+                assert torch.isfinite(v).all(), k
+            if k in bn:
+                assert torch.equal(v, old[k]), k  # BN stays at its site
+    for k in ("aspp.0.bias", "aspp.3.bias"):  # biases: plain average
+        torch.testing.assert_close(out[0][k], sum(s[k] for s in sites) / 3)
+    # the classifier key is mixed as one row of D*3*3 per class
+    stack = torch.stack([s[key].double() for s in sites]).flatten(2)
+    rows = fourier_mix(stack, 0.35, ndim=1).view(3, *sites[0][key].shape)
+    for k in range(3):
+        torch.testing.assert_close(out[k][key], rows[k].float())
+    # the mixed states load and run
+    model.load_state_dict(out[1])
+    logits, _ = model.eval()(torch.randn(1, 1, 64, 64))
+    assert torch.isfinite(logits).all()
 
 
 def test_pfa_classifier_rows_do_not_mix_across_classes():
@@ -180,11 +177,11 @@ def test_pfa_classifier_rows_do_not_mix_across_classes():
     for s, k in zip(sites, (0.0, 1.0, 2.0)):
         s[key] = s[key].clone()
         s[key][1] += k  # the sites differ in the foreground row only
-    out = pfa_aggregate(sites, 0.45, classifier_key=key)
+    out = pfa_aggregate(sites, 0.45, classifier_key=key, bn_keys=batchnorm_keys(build()))
     for new, old in zip(out, sites):
         torch.testing.assert_close(new[key][0], old[key][0])  # the background row is untouched
     assert not torch.allclose(out[0][key][1], sites[0][key][1])
-    same = pfa_aggregate([build(seed=4).state_dict() for _ in range(3)], 0.45, classifier_key=key)
+    same = pfa_aggregate([build(seed=4).state_dict() for _ in range(3)], 0.45, classifier_key=key, bn_keys=batchnorm_keys(build()))
     for k, v in build(seed=4).state_dict().items():  # identical sites: PFA gives them back
         torch.testing.assert_close(same[0][k], v, atol=1e-6, rtol=0)
 

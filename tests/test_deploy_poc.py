@@ -18,9 +18,9 @@ import yaml
 from conftest import our_processes, tiny_derm_config, untimed, wait_for
 from test_recipe import TINY_SETS
 
-from prrfl import deploy
-from prrfl.deploy import POC_TEMPLATE, kill_process_tree, make_project
-from prrfl.flare.recipe import export_job, server_results
+from prrfl.flare import deployment
+from prrfl.flare.deployment import POC_TEMPLATE, kill_process_tree, make_project
+from prrfl.flare.job_recipe import export_job, server_results
 from prrfl.sweep import simulator_command
 
 SITES = ["vidir-modern", "vidir-molemax"]
@@ -47,8 +47,8 @@ def test_templates_are_valid_project_files():
 
 
 def test_free_ports_are_distinct_bindable_and_below_the_ports_the_os_hands_out():
-    low, _ = deploy.ephemeral_range()
-    ports = deploy.free_ports(20)
+    low, _ = deployment.ephemeral_range()
+    ports = deployment.free_ports(20)
     assert len(set(ports)) == 20 and all(1024 <= p < low for p in ports)
     for p in ports:
         with socket.socket() as s:
@@ -58,9 +58,9 @@ def test_free_ports_are_distinct_bindable_and_below_the_ports_the_os_hands_out()
 def test_listening_ports_sees_this_process_listen():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        assert s.getsockname()[1] not in deploy.listening_ports(os.getpid())
+        assert s.getsockname()[1] not in deployment.listening_ports(os.getpid())
         s.listen()
-        assert s.getsockname()[1] in deploy.listening_ports(os.getpid())
+        assert s.getsockname()[1] in deployment.listening_ports(os.getpid())
 
 
 @pytest.mark.e2e
@@ -72,13 +72,13 @@ def test_a_server_port_taken_before_the_server_binds_it_is_provisioned_again(tmp
         thief.bind(("", 0))
         thief.listen()
         taken = thief.getsockname()[1]
-        picks = iter([[taken, *deploy.free_ports(1)]])
-        real = deploy.free_ports
-        monkeypatch.setattr(deploy, "free_ports", lambda n: next(picks, None) or real(n))
+        picks = iter([[taken, *deployment.free_ports(1)]])
+        real = deployment.free_ports
+        monkeypatch.setattr(deployment, "free_ports", lambda n: next(picks, None) or real(n))
         env = {"PRRFL_CACHE": str(tmp_path / "cache")}
-        with deploy.poc_deployment(tmp_path / "poc", 1, env=env) as dep:
+        with deployment.poc_deployment(tmp_path / "poc", 1, env=env) as dep:
             assert taken not in dep.kits.ports
-            assert set(dep.kits.ports) <= deploy.listening_ports(dep.procs.procs["server"].pid)
+            assert set(dep.kits.ports) <= deployment.listening_ports(dep.procs.procs["server"].pid)
             assert [c.name for c in dep.sess.get_system_info().client_info] == SITES[:1]
     out = capsys.readouterr().out
     assert f"could not listen on one of its ports [{taken}," in out and "provisioning again with other ports" in out
@@ -166,9 +166,7 @@ def test_ctrl_c_mid_job_stops_every_process(tmp_path):
 def test_a_job_refused_for_its_signature_is_submitted_once_more(tmp_path, monkeypatch):
     """FLARE 2.9 now and then refuses a freshly signed job ("does not pass signature verification"): run_job
     submits it again once; any other failure, or a second refusal, is returned as it is."""
-    from prrfl import deploy
-
-    kits = deploy.Kits(tmp_path, "server", ["a", "b"], "admin")
+    kits = deployment.Kits(tmp_path, "server", ["a", "b"], "admin")
     (tmp_path / "server").mkdir()
     log = tmp_path / "server" / "log.txt"
 
@@ -181,10 +179,10 @@ def test_a_job_refused_for_its_signature_is_submitted_once_more(tmp_path, monkey
             return f"job{self.submitted}"
 
     def run(statuses, refused):
-        dep = deploy.Deployment(kits)
+        dep = deployment.Deployment(kits)
         dep.sess, dep.signature_wait = Session(), 0.0
         finals = iter(statuses)
-        monkeypatch.setattr(deploy, "follow_job", lambda sess, job_id, follower, procs, timeout: {"status": next(finals)})
+        monkeypatch.setattr(deployment, "follow_job", lambda sess, job_id, follower, procs, timeout: {"status": next(finals)})
         log.write_text(
             "".join(f"- Failed to run the Job ({j}): RuntimeError: app app does not pass signature verification\n" for j in refused)
         )

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from prrfl.algorithms.det import (
     DET_METRIC_SPLITS,
     DISTILLATIONS,
+    DeputyPair,
     Phase,
     distillation,
     distillation_targets,
@@ -140,3 +141,26 @@ def test_mse_distillation_gives_no_gradient_to_the_teacher_and_rejects_bad_input
     with pytest.raises(ValueError, match="distillation must be one of"):
         distillation(torch.randn(3, 4), torch.randn(3, 4), "l1")
     assert DISTILLATIONS == ("kl", "mse")  # the paper's first: the default
+
+
+def test_a_deputy_pair_caps_its_phase_to_the_allowed_ones_and_weights_its_distillation():
+    pair = DeputyPair(torch.nn.Linear(2, 3), torch.nn.Linear(2, 3), phases=[R, S])
+    assert pair.phases == (R, S)
+    pair.receive_state({k: torch.zeros_like(v) for k, v in pair.personal.state_dict().items()})
+    assert pair.phase(1.0, 1.0) == R  # just downloaded
+    assert pair.phase(1.0, 1.0) == R  # Exchange is not allowed: the closest allowed phase below it
+    z_p, z_d = torch.randn(4, 3), torch.randn(4, 3)
+    extra_p, extra_d = pair.distillation(z_p, z_d, "mse", weight=10.0)
+    assert float(extra_p) == 0.0 and torch.equal(extra_d, 10.0 * mse_distillation(z_d, z_p))
+    only_exchange = DeputyPair(torch.nn.Linear(2, 3), torch.nn.Linear(2, 3), phases=[2])
+    assert only_exchange.phase(0.0, 0.0, just_downloaded=True) == E  # Recover is not allowed: the lowest allowed one
+    with pytest.raises(ValueError, match="at least one allowed phase"):
+        DeputyPair(torch.nn.Linear(2, 3), torch.nn.Linear(2, 3), phases=())
+
+
+def test_a_deputy_pair_told_which_weights_are_first_loads_them_as_such():
+    pair = DeputyPair(torch.nn.Linear(2, 3), torch.nn.Linear(2, 3))
+    weights = {k: torch.ones_like(v) for k, v in pair.personal.state_dict().items()}
+    assert pair.receive_state(weights, first=False) is False  # to the deputy only, though none was received before
+    assert torch.equal(pair.deputy.weight, weights["weight"]) and not torch.equal(pair.personal.weight, weights["weight"])
+    assert pair.receive_state(weights, first=True) is True and torch.equal(pair.personal.weight, weights["weight"])

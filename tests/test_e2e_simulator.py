@@ -14,7 +14,7 @@ from conftest import tiny_derm_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from prrfl.config import RunConfig
-from prrfl.flare.recipe import export_job
+from prrfl.flare.job_recipe import export_job
 from prrfl.sweep import simulator_command
 
 pytestmark = pytest.mark.e2e
@@ -247,7 +247,7 @@ def test_tensorboard_runs_are_named_by_cohort_and_the_server_writes_the_federati
 BAD_SITE_SCRIPT = '''"""A site whose first upload holds a NaN weight and that fails in its second round."""
 import math
 
-from prrfl.flare import protocol as P
+from prrfl.flare import task_protocol as P
 from prrfl.flare.site_app import main
 
 honest, sent = P.upload_to_model, []

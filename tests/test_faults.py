@@ -20,10 +20,10 @@ from conftest import TINY_DATA, tiny_derm_config, untimed, wait_for
 
 from prrfl.cli import main as prrfl
 from prrfl.config import RunConfig
-from prrfl.deploy import poc_deployment, with_workflow_args, write_site_config
+from prrfl.flare.deployment import poc_deployment, with_workflow_args, write_site_config
+from prrfl.flare.job_recipe import export_job
 from prrfl.flare.jobs import job_config
-from prrfl.flare.recipe import export_job
-from prrfl.flare.workflow import STATE_FILE, resume_problem
+from prrfl.flare.server_workflow import STATE_FILE, resume_problem
 from prrfl.tasks.derm import ensure_synthetic_federation
 
 

@@ -13,7 +13,7 @@ from conftest import make_runtime
 
 from prrfl.algorithms import pfa
 from prrfl.config import RunConfig
-from prrfl.flare import protocol as P
+from prrfl.flare import task_protocol as P
 from prrfl.messages import PrepareReply, Upload
 from prrfl.registry import build_method
 from prrfl.server.federation import Federation, RoundAnswers, ServerState

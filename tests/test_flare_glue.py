@@ -15,9 +15,9 @@ from nvflare.app_common.abstract.fl_model import ParamsType
 from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 
 from prrfl.config import RunConfig
-from prrfl.flare import protocol as P
+from prrfl.flare import task_protocol as P
+from prrfl.flare.job_recipe import PRIVACY_FILTERS, export_job
 from prrfl.flare.jobs import JOBS, job_config, job_files
-from prrfl.flare.recipe import PRIVACY_FILTERS, export_job
 from prrfl.messages import Download, Upload
 from prrfl.server.checks import upload_problem
 from prrfl.server.federation import add_to_sent
@@ -37,7 +37,7 @@ def test_job_folder_shape_and_config(tmp_path):
     server = json.loads((job / "app/config/config_fed_server.json").read_text())
     client = json.loads((job / "app/config/config_fed_client.json").read_text())
     workflow = server["workflows"][0]
-    assert workflow["path"] == "prrfl.flare.workflow.PersonalizedWorkflow"
+    assert workflow["path"] == "prrfl.flare.server_workflow.PersonalizedWorkflow"
     assert RunConfig.from_dict(workflow["args"]["config"]) == job_config("derm_prr")
     assert any(c["path"] == "prrfl.flare.tracking.TensorBoardReceiver" for c in server["components"])
     assert any(c["path"].endswith("ConvertToFedEvent") for c in client["components"])
@@ -253,11 +253,11 @@ def test_the_federation_tracks_a_global_models_scores_where_the_sites_log_them(m
     """A FedAvg site's reported model after round 2 is the global model of round 1, scored at round 2's download:
     the federation logs the sites' mean as valid_global/... at round 1's last epoch, as the sites do; a
     personalized method's after-round scores stay valid/... at the round's last epoch."""
-    from prrfl.flare import workflow
+    from prrfl.flare import server_workflow
 
     sent: list[tuple[int, dict[str, float]]] = []
-    monkeypatch.setattr(workflow, "send_scalars", lambda component, ctx, scalars, step: sent.append((step, dict(scalars))))
-    flow = workflow.PersonalizedWorkflow.__new__(workflow.PersonalizedWorkflow)
+    monkeypatch.setattr(server_workflow, "send_scalars", lambda component, ctx, scalars, step: sent.append((step, dict(scalars))))
+    flow = server_workflow.PersonalizedWorkflow.__new__(server_workflow.PersonalizedWorkflow)
     flow.cfg, flow.fl_ctx = RunConfig(local_epochs=5, num_rounds=4), None
 
     def summary(kind: str, epochs_done: int, f1: float) -> dict:
@@ -274,7 +274,7 @@ def test_the_federation_shows_a_download_reporting_sites_own_model_and_the_last_
     """FedBN, SiloBN, FedAvg: beside the reported global model (valid_global/...), the mean of the sites' models after
     the round's local epochs (`trained`, valid/...); the last aggregate, scored after the last round, lands at the last
     epoch (step num_rounds x E - 1) as valid_global/... (hand-computed means)."""
-    from prrfl.flare.workflow import site_means
+    from prrfl.flare.server_workflow import site_means
 
     def site(f1_global: float, f1_own: float) -> dict:
         return {

@@ -24,7 +24,7 @@ from prrfl.flare.components import (
     FedAvgAggregator,
     PrototypeExchange,
 )
-from prrfl.flare.workflow import round_answers
+from prrfl.flare.server_workflow import round_answers
 from prrfl.messages import PrepareReply
 from prrfl.server.checks import params_problem, round_value
 

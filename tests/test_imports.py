@@ -125,12 +125,36 @@ def test_only_the_flare_glue_and_its_callers_import_flare():
     assert users == ["cli", "sweep"]  # the command line and the sweeps run jobs; no method, task, site or server part does
 
 
+def nvflare_importers(package: Path) -> set[str]:
+    """The package's modules that import nvflare anywhere: at the top, in a function or under TYPE_CHECKING."""
+    found = set()
+    for name, path in module_files(package).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            if any(target.split(".")[0] == "nvflare" for target in targets):
+                found.add(name)
+    return found
+
+
+def test_only_the_flare_glue_imports_nvflare():
+    """FLARE is used in one folder, prrfl/flare/ (its deployment on provisioned kits and POC processes too); every
+    other module, and every module the glue imports from outside it, runs without FLARE."""
+    importers = nvflare_importers(PACKAGE)
+    assert {"prrfl.flare.deployment", "prrfl.flare.components.aggregators"} <= importers  # function-level imports count
+    assert sorted(m for m in importers if not m.startswith("prrfl.flare.")) == []
+
+
 def test_the_server_cores_load_no_nvflare_module():
     """The server's cores, the round logic and the site-side cores the FLARE components wrap (the DET pair, the prototype
     tracker) are FLARE-free: importing them (and every method) loads no nvflare module."""
     code = (
-        "import sys, prrfl.server.aggregation, prrfl.server.checks, prrfl.server.prototypes, prrfl.server.federation, "
-        "prrfl.keys, prrfl.registry, prrfl.methods.prr, prrfl.site.trainer, prrfl.algorithms.det, prrfl.algorithms.prototypes; "
+        "import sys, prrfl.server.aggregation, prrfl.server.checks, prrfl.server.class_statistics, prrfl.server.federation, "
+        "prrfl.keys, prrfl.registry, prrfl.methods.prr, prrfl.site.trainer, prrfl.algorithms.det, prrfl.algorithms.class_prototypes; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'nvflare'))"
     )
     out = subprocess.run(
@@ -151,3 +175,20 @@ def test_a_server_building_a_dermoscopy_task_loads_no_torchvision():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_no_two_modules_of_the_flare_glue_share_a_file_name():
+    """A module of prrfl/flare/ is known by its file name alone: no two of them share one, and none shares one with a
+    module elsewhere in prrfl, outside the task packages (tasks/<task>/ repeat task.py, cache.py, ... on purpose)."""
+    flare = PACKAGE / "flare"
+    names = [p.name for p in flare.rglob("*.py") if p.name != "__init__.py"]
+    assert {"server_workflow.py", "site_app.py", "workflow.py", "deployment.py"} <= set(names)  # the folder is read, components/ too
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    task_packages = [p.parent for p in (PACKAGE / "tasks").glob("*/__init__.py")]
+    assert len(task_packages) >= 2
+    clashes = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p.name in names and not p.is_relative_to(flare) and not any(p.is_relative_to(t) for t in task_packages)
+    )
+    assert clashes == []

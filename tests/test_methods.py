@@ -18,7 +18,6 @@ from prrfl.methods.base import proximal_term
 from prrfl.methods.fedproto import average_prototypes, prototype_regulariser
 from prrfl.methods.perfedavg import first_order_meta_step
 from prrfl.methods.pfedme import moreau_step, solve_personalized
-from prrfl.methods.prr import allowed_phase
 from prrfl.methods.prr_variants import count_weights, focal_loss
 from prrfl.registry import build_method, method_class, method_names
 from prrfl.server.checks import upload_problem
@@ -323,7 +322,7 @@ def test_prr_cpa_switches(tiny_task, tmp_path):
 def test_det_phases_cap_the_phase(allowed, expected):
     phases = [det.Phase.RECOVER, det.Phase.EXCHANGE, det.Phase.SUBLIMATE]
     order = sorted(det.Phase[p.upper()] for p in allowed)
-    assert [int(allowed_phase(p, order)) for p in phases] == expected
+    assert [int(det.allowed_phase(p, order)) for p in phases] == expected
 
 
 def test_det_phases_are_respected_in_training(tiny_task, tmp_path):

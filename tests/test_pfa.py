@@ -13,7 +13,6 @@ from prrfl.algorithms.pfa import (
     batchnorm_keys,
     conv_to_matrix,
     fourier_mix,
-    guess_batchnorm_keys,
     low_frequency_band,
     low_frequency_box,
     matrix_to_conv,
@@ -238,7 +237,7 @@ def test_conv_layout_rejects_unknown_names():
 @pytest.mark.parametrize("components", ["amplitude_phase", "amplitude"])
 def test_identical_sites_come_back_unchanged(r, conv_layout, components):
     state = toy_state(0)
-    out = pfa_aggregate([state] * 3, r, conv_layout=conv_layout, components=components)
+    out = pfa_aggregate([state] * 3, r, conv_layout=conv_layout, components=components, bn_keys=BN)
     for site in out:
         for key, value in state.items():
             torch.testing.assert_close(site[key], value, rtol=0, atol=1e-12)
@@ -246,7 +245,7 @@ def test_identical_sites_come_back_unchanged(r, conv_layout, components):
 
 def test_r_zero_returns_each_sites_own_weights_and_averages_biases():
     states = [toy_state(k) for k in range(3)]
-    out = pfa_aggregate(states, 0.0)
+    out = pfa_aggregate(states, 0.0, bn_keys=BN)
     for site, state in zip(out, states):
         for key in ("conv.weight", "fc1.weight", "fc2.weight", *BN):
             torch.testing.assert_close(site[key], state[key], rtol=0, atol=1e-12)
@@ -256,7 +255,7 @@ def test_r_zero_returns_each_sites_own_weights_and_averages_biases():
 def test_aggregate_equals_the_mix_of_each_tensor():
     states = [toy_state(k) for k in range(4)]
     r = 0.35
-    out = pfa_aggregate(states, r, conv_layout="authors")
+    out = pfa_aggregate(states, r, conv_layout="authors", bn_keys=BN)
     convs = conv_to_matrix(torch.stack([s["conv.weight"] for s in states]), "authors")
     expected_conv = matrix_to_conv(fourier_mix(convs, r), (4, 3, 3, 3), "authors")
     expected_fc1 = fourier_mix(torch.stack([s["fc1.weight"] for s in states]), r)
@@ -273,30 +272,30 @@ def test_classifier_rows_are_independent():
     changed = [dict(s) for s in states]
     changed[1]["fc2.weight"] = states[1]["fc2.weight"].clone()
     changed[1]["fc2.weight"][1] += 10.0
-    before, after = pfa_aggregate(states, 0.4), pfa_aggregate(changed, 0.4)
+    before, after = pfa_aggregate(states, 0.4, bn_keys=BN), pfa_aggregate(changed, 0.4, bn_keys=BN)
     for b, a in zip(before, after):
         torch.testing.assert_close(a["fc2.weight"][[0, 2]], b["fc2.weight"][[0, 2]])
     # as a matrix (MICCAI), the rows are coupled
-    before, after = (pfa_aggregate(s, 0.4, classifier_rowwise=False) for s in (states, changed))
+    before, after = (pfa_aggregate(s, 0.4, classifier_rowwise=False, bn_keys=BN) for s in (states, changed))
     assert not torch.allclose(after[0]["fc2.weight"][0], before[0]["fc2.weight"][0])
 
 
 def test_classifier_defaults_to_the_last_2d_weight_and_can_be_named():
     states = [toy_state(k) for k in range(2)]
-    default = pfa_aggregate(states, 0.4)
-    named = pfa_aggregate(states, 0.4, classifier_key="fc2.weight")
+    default = pfa_aggregate(states, 0.4, bn_keys=BN)
+    named = pfa_aggregate(states, 0.4, classifier_key="fc2.weight", bn_keys=BN)
     for d, n in zip(default, named):
         torch.testing.assert_close(d["fc2.weight"], n["fc2.weight"], rtol=0, atol=0)
-    as_fc1 = pfa_aggregate(states, 0.4, classifier_key="fc1.weight")
+    as_fc1 = pfa_aggregate(states, 0.4, classifier_key="fc1.weight", bn_keys=BN)
     rows = fourier_mix(torch.stack([s["fc1.weight"] for s in states]), 0.4, ndim=1)
     torch.testing.assert_close(as_fc1[0]["fc1.weight"], rows[0])
     with pytest.raises(ValueError, match="nope"):
-        pfa_aggregate(states, 0.4, classifier_key="nope")
+        pfa_aggregate(states, 0.4, classifier_key="nope", bn_keys=BN)
 
 
 def test_a_conv_classifier_is_mixed_by_output_rows():
     states = [{"head.weight": torch.randn(3, 8, 1, 1, dtype=torch.float64)} for _ in range(2)]
-    out = pfa_aggregate(states, 0.4, classifier_key="head.weight")
+    out = pfa_aggregate(states, 0.4, classifier_key="head.weight", bn_keys=())
     rows = fourier_mix(torch.stack([s["head.weight"][:, :, 0, 0] for s in states]), 0.4, ndim=1)
     torch.testing.assert_close(out[1]["head.weight"][:, :, 0, 0], rows[1])
 
@@ -307,12 +306,12 @@ def test_every_branch_of_an_aspp_head_is_mixed_class_by_class():
     g = torch.Generator().manual_seed(0)
     keys = [f"aspp.{i}.weight" for i in range(4)]
     states = [{k: torch.randn(2, 6, 3, 3, generator=g, dtype=torch.float64) for k in keys} for _ in range(3)]
-    out = pfa_aggregate(states, 0.4, classifier_key=keys)
+    out = pfa_aggregate(states, 0.4, classifier_key=keys, bn_keys=())
     for key in keys:
         rows = fourier_mix(torch.stack([s[key].flatten(1) for s in states]), 0.4, ndim=1)
         for site in range(3):
             torch.testing.assert_close(out[site][key].flatten(1), rows[site], rtol=0, atol=1e-12)
-    only_first = pfa_aggregate(states, 0.4, classifier_key="aspp.0.weight")  # the others as conv matrices
+    only_first = pfa_aggregate(states, 0.4, classifier_key="aspp.0.weight", bn_keys=())  # the others as conv matrices
     assert not torch.allclose(only_first[0]["aspp.3.weight"], out[0]["aspp.3.weight"])
     torch.testing.assert_close(only_first[0]["aspp.0.weight"], out[0]["aspp.0.weight"], rtol=0, atol=0)
 
@@ -326,31 +325,27 @@ def test_prr_mixes_all_four_aspp_branches_of_the_prostate_network():
     assert method.classifier_keys == tuple(f"aspp.{i}.weight" for i in range(4))
 
 
-def test_batchnorm_stays_per_site_with_guessed_explicit_or_module_keys():
+def test_batchnorm_stays_per_site_with_explicit_or_module_keys_and_is_never_guessed_from_names():
     states = [toy_state(k) for k in range(3)]
-    for bn_keys in (None, set(BN), batchnorm_keys(Toy())):
+    for bn_keys in (set(BN), batchnorm_keys(Toy())):
         out = pfa_aggregate(states, 0.5, bn_keys=bn_keys)
         for site, state in zip(out, states):
             for key in BN:
                 torch.testing.assert_close(site[key], state[key], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"found by layer type in a model: bn_keys=batchnorm_keys\(model\)"):
+        pfa_aggregate(states, 0.5, bn_keys=None)
+    with pytest.raises(TypeError, match="bn_keys"):
+        pfa_aggregate(states, 0.5)  # no default
+    mixed = pfa_aggregate(states, 0.5, bn_keys=())  # "bn." in a name means nothing: the weights are mixed
+    assert not torch.equal(mixed[0]["bn.weight"], states[0]["bn.weight"])
 
 
 def test_batchnorm_key_detection():
     model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2), nn.Linear(2, 2))
     assert batchnorm_keys(model) == {f"1.{k}" for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
     assert batchnorm_keys(Toy()) == set(BN)
-    keys = [
-        "layer1.0.bn1.weight",
-        "fc1_bn.bias",
-        "bn.weight",  # BN by name
-        "downsample.1.weight",
-        "downsample.1.bias",
-        "downsample.1.running_mean",  # BN by its running stats
-        "downsample.0.weight",
-        "subnet.conv.weight",
-        "fc2.weight",  # not BN
-    ]
-    assert guess_batchnorm_keys(keys) == set(keys[:6])
+    named_like_bn = nn.ModuleDict({"bn": nn.Linear(2, 2), "norm": nn.BatchNorm1d(2)})  # the type decides, not the name
+    assert batchnorm_keys(named_like_bn) == {f"norm.{k}" for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
 
 
 def test_biases_get_the_weighted_average_and_non_float_buffers_are_kept():
@@ -358,7 +353,7 @@ def test_biases_get_the_weighted_average_and_non_float_buffers_are_kept():
     for k, state in enumerate(states):
         state["mask"] = torch.tensor([True, k == 1])
         state["step"] = torch.tensor([k, 7])
-    out = pfa_aggregate(states, 0.3, weights=[3.0, 1.0])
+    out = pfa_aggregate(states, 0.3, weights=[3.0, 1.0], bn_keys=BN)
     expected = 0.75 * states[0]["fc1.bias"] + 0.25 * states[1]["fc1.bias"]
     for site, state in zip(out, states):
         torch.testing.assert_close(site["fc1.bias"], expected)
@@ -369,7 +364,7 @@ def test_biases_get_the_weighted_average_and_non_float_buffers_are_kept():
 def test_skip_keeps_keys_per_site_by_pattern_or_predicate():
     states = [toy_state(k) for k in range(2)]
     for skip in (["fc1.*"], "fc1.*", lambda key: key.startswith("fc1")):
-        out = pfa_aggregate(states, 0.5, skip=skip)
+        out = pfa_aggregate(states, 0.5, skip=skip, bn_keys=BN)
         for site, state in zip(out, states):
             torch.testing.assert_close(site["fc1.weight"], state["fc1.weight"], rtol=0, atol=0)
             torch.testing.assert_close(site["fc1.bias"], state["fc1.bias"], rtol=0, atol=0)
@@ -378,7 +373,7 @@ def test_skip_keeps_keys_per_site_by_pattern_or_predicate():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_dtype_is_preserved(dtype):
-    out = pfa_aggregate([toy_state(k, dtype) for k in range(2)], 0.4)
+    out = pfa_aggregate([toy_state(k, dtype) for k in range(2)], 0.4, bn_keys=BN)
     for key, value in out[0].items():
         assert value.dtype == (dtype if key != "bn.num_batches_tracked" else torch.long)
 
@@ -386,8 +381,8 @@ def test_dtype_is_preserved(dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_device_is_preserved_on_gpu():
     states = [{k: v.cuda() for k, v in toy_state(k).items()} for k in range(2)]
-    out = pfa_aggregate(states, 0.4)
-    cpu = pfa_aggregate([toy_state(k) for k in range(2)], 0.4)
+    out = pfa_aggregate(states, 0.4, bn_keys=BN)
+    cpu = pfa_aggregate([toy_state(k) for k in range(2)], 0.4, bn_keys=BN)
     for key in out[0]:
         assert out[0][key].device == states[0][key].device
         torch.testing.assert_close(out[0][key].cpu(), cpu[0][key])
@@ -396,7 +391,7 @@ def test_device_is_preserved_on_gpu():
 def test_inputs_are_not_mutated_and_outputs_share_no_memory():
     states = [toy_state(k) for k in range(3)]
     copies = [{k: v.clone() for k, v in s.items()} for s in states]
-    out = pfa_aggregate(states, 0.45)
+    out = pfa_aggregate(states, 0.45, bn_keys=BN)
     for state, copy, site in zip(states, copies, out):
         for key in state:
             assert torch.equal(state[key], copy[key])
@@ -409,20 +404,20 @@ def test_mismatched_states_are_rejected():
     a, b = toy_state(0), toy_state(1)
     b["fc1.weight"] = torch.randn(8, 5, dtype=torch.float64)
     with pytest.raises(ValueError, match="fc1.weight"):
-        pfa_aggregate([a, b], 0.3)
+        pfa_aggregate([a, b], 0.3, bn_keys=BN)
     with pytest.raises(ValueError, match="keys differ"):
-        pfa_aggregate([a, {k: v for k, v in a.items() if k != "fc2.weight"}], 0.3)
+        pfa_aggregate([a, {k: v for k, v in a.items() if k != "fc2.weight"}], 0.3, bn_keys=BN)
     with pytest.raises(ValueError):
-        pfa_aggregate([], 0.3)
+        pfa_aggregate([], 0.3, bn_keys=BN)
     with pytest.raises(ValueError):
-        pfa_aggregate([a, a], 0.7)
+        pfa_aggregate([a, a], 0.7, bn_keys=BN)
 
 
 def test_unsupported_rank_names_the_key():
     states = [{"conv1d.weight": torch.randn(4, 3, 5)} for _ in range(2)]
     with pytest.raises(ValueError, match="conv1d.weight"):
-        pfa_aggregate(states, 0.3)
-    out = pfa_aggregate(states, 0.3, skip=["conv1d.weight"])
+        pfa_aggregate(states, 0.3, bn_keys=())
+    out = pfa_aggregate(states, 0.3, skip=["conv1d.weight"], bn_keys=())
     torch.testing.assert_close(out[1]["conv1d.weight"], states[1]["conv1d.weight"])
 
 
@@ -430,7 +425,7 @@ def test_outputs_are_contiguous_for_serialisation():
     torch.manual_seed(0)
     states = [{"c.weight": torch.randn(4, 3, 3, 3), "fc.weight": torch.randn(3, 8), "b": torch.randn(3)} for _ in range(2)]
     for layout in ("paper", "authors"):
-        for out in pfa_aggregate(states, 0.4, conv_layout=layout, classifier_key="fc.weight"):
+        for out in pfa_aggregate(states, 0.4, conv_layout=layout, classifier_key="fc.weight", bn_keys=()):
             assert all(t.is_contiguous() for t in out.values())
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from prrfl.algorithms.prototypes import PrototypeAccumulator, class_prototypes, sample_global_prototypes
+from prrfl.algorithms.class_prototypes import PrototypeAccumulator, class_prototypes, sample_global_prototypes
 
 
 def test_class_means_by_hand():

@@ -6,11 +6,13 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import make_runtime
+from conftest import make_runtime, untimed
 
 from prrfl.algorithms import cpa, det
 from prrfl.config import RunConfig
 from prrfl.messages import Download, Upload
+from prrfl.methods import prototype_exchange as protos
+from prrfl.methods.base import proximal_term
 from prrfl.methods.prr import PRR, PRROptions
 
 
@@ -249,3 +251,156 @@ def test_personal_prox_pulls_only_p_towards_the_downloads_shared_weights(tiny_ta
         PRROptions(personal_prox=-1.0)
     with pytest.raises(ValueError, match="personal_prox needs det_enabled"):
         PRROptions(personal_prox=0.1, det_enabled=False)
+
+
+class SpelledOutDET(PRR):
+    """PRR with DET written out in its site hooks from the rules alone (`det.next_phase`, `det.allowed_phase`,
+    `det.distillation_targets`, `det.distillation`), the phase kept in the site's memory: the specification that
+    PRR's sites, which run DET through `det.DeputyPair`, meet bit for bit."""
+
+    def on_download(self, site, download, first):
+        if first:
+            for role in self.roles:
+                site.models[role].load_state_dict(download.params)
+        else:
+            site.models[self.upload_role].load_state_dict(download.params, strict=False)
+        if self.opt.optimizers == "per_round":
+            for optimizer in site.optimizers.values():
+                optimizer.state.clear()
+        mem = site.memory
+        if self.opt.det_enabled:
+            mem["phase"] = None
+        if self.opt.personal_prox:
+            personal = site.models["personal"]
+            shared, device = self.shared_keys(personal), next(personal.parameters()).device
+            mem["prox_anchor"] = {k: v.detach().to(device, copy=True) for k, v in download.params.items() if k in shared}
+        mem["round"] = download.round
+        if self.opt.uses_cpa:
+            counts = torch.tensor(download.global_class_counts, dtype=torch.float64)
+            mask = cpa.conjoint_mask(counts, beta=self.opt.beta)
+            mem["mask"] = mask if self.opt.cpa_global else torch.ones(len(counts), len(counts), dtype=torch.float64)
+        protos.receive(site, download.meta)
+
+    def before_epoch(self, site, epoch):
+        mem, o = site.memory, self.opt
+        step = mem["round"] * self.cfg.local_epochs + epoch
+        if o.det_enabled:
+            metric = site.task.primary_metric
+            personal = site.evaluate("personal", o.det_split)[metric]
+            deputy = site.evaluate("deputy", o.det_split)[metric]
+            rescue = o.det_rescue is not None and epoch > 0 and personal < o.det_rescue * deputy
+            if rescue:
+                site.models["personal"].load_state_dict(site.models["deputy"].state_dict())
+                site.optimizers["personal"].load_state_dict(site.optimizers["deputy"].state_dict())
+                personal = deputy
+            if o.det_rescue is not None:
+                site.log_scalar("det/rescue", float(rescue), step)
+            phase = det.next_phase(mem["phase"], deputy, personal, l1=o.l1, l2=o.l2, just_downloaded=epoch == 0)
+            mem["phase"] = det.allowed_phase(phase, o.phases)
+            for name in det.PHASE_NAMES:
+                site.log_scalar(f"det/{name}", float(mem["phase"].name.lower() == name), step)
+            site.log_scalar("det/personal_score", personal, step)
+            site.log_scalar("det/deputy_score", deputy, step)
+        if o.uses_cpa:
+            mem["gamma"] = self._gamma(site)
+            for c, name in enumerate(site.task.class_names):
+                site.log_scalar(f"cpa/gamma_{name}", float(mem["gamma"][c]), step)
+
+    def losses(self, site, targets, outputs):
+        losses = {role: self.supervised_loss(site, z, targets) for role, (z, _) in outputs.items()}
+        phase = site.memory["phase"] if self.opt.det_enabled else None
+        if phase is not None:
+            (z_p, _), (z_d, _) = outputs["personal"], outputs["deputy"]
+            p_learns, d_learns = det.distillation_targets(phase)
+            form, weight = self.opt.distillation, self.opt.distill_weight
+            if p_learns:
+                losses["personal"] = losses["personal"] + weight * det.distillation(z_p, z_d, form)
+            if d_learns:
+                losses["deputy"] = losses["deputy"] + weight * det.distillation(z_d, z_p, form)
+        if self.opt.personal_prox:
+            losses["personal"] = losses["personal"] + proximal_term(
+                site.models["personal"], site.memory["prox_anchor"], self.opt.personal_prox
+            )
+        return losses
+
+
+def federate(task, tmp_path, method_class: type[PRR], args: dict, rounds: int = 3):
+    """Sites A and B of `task` and PRR's server (`PRR.aggregate`) for `rounds` rounds of 3 local epochs, the sites'
+    hooks those of `method_class`: the sites' runtimes after the last round."""
+    from prrfl.site.state import SiteRuntime
+    from prrfl.site.trainer import run_round
+
+    cfg = RunConfig.from_dict({"task": task.name, "method": "prr", "num_rounds": rounds, "local_epochs": 3, "batch_size": 8, "lr": 0.05})
+    sites = {}
+    for name in ("A", "B"):
+        scalars: list[tuple[str, float, int]] = []
+        sites[name] = SiteRuntime.start(
+            name,
+            cfg,
+            task,
+            method_class(cfg, task, **args),
+            task.load_site(name, torch.device("cpu")),
+            tmp_path / method_class.__name__ / name,
+            model_seed=123,
+            generator_seed=7,
+            run_id="run",
+            log_scalar=lambda tag, value, step, scalars=scalars: scalars.append((tag, value, step)),
+        )
+        sites[name].scalars = scalars
+    counts = [sum(c) for c in zip(*(site.data.class_counts for site in sites.values()))]
+    torch.manual_seed(0)
+    downloads = dict.fromkeys(sites, Download(params=task.build_model().state_dict(), global_class_counts=counts))
+    server, method = {}, PRR(cfg, task, **args)
+    for r in range(rounds):
+        uploads = [run_round(site, downloads[name], r) for name, site in sites.items()]
+        mixed = method.aggregate(uploads, r, server)
+        downloads = {name: dataclasses.replace(d, round=r + 1, global_class_counts=counts) for name, d in mixed.items()}
+    return sites
+
+
+@pytest.mark.parametrize(
+    "task_fixture, args",
+    [
+        ("tiny_task", {}),
+        ("tiny_seg_task", {"distillation": "mse", "distill_weight": 10.0, "det_split": "train", "optimizers": "kept"}),
+        ("tiny_task", {"det_phases": ["recover", "sublimate"], "det_rescue": 0.95, "personal_prox": 0.1, "l1": 0.5, "l2": 0.6}),
+    ],
+)
+def test_prr_sites_run_det_through_the_deputy_pair_with_the_numbers_of_det_spelled_out(task_fixture, args, request, tmp_path, monkeypatch):
+    """Three rounds of two sites: every model, optimiser state, record and logged value of PRR's sites (DET through
+    `det.DeputyPair`, as a FLARE client's PersonalizedPair) equals, bit for bit, those of `SpelledOutDET`."""
+    task = request.getfixturevalue(task_fixture)
+    reference = federate(task, tmp_path, SpelledOutDET, args)
+    phase_calls = []
+    choose = det.DeputyPair.phase
+    monkeypatch.setattr(det.DeputyPair, "phase", lambda pair, *a, **k: phase_calls.append(1) or choose(pair, *a, **k))
+    ours = federate(task, tmp_path, PRR, args)
+    assert len(phase_calls) == 2 * 3 * 3  # sites x rounds x epochs
+    for name, site in ours.items():
+        other = reference[name]
+        for role, model in site.models.items():
+            theirs = other.models[role].state_dict()
+            assert all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items()), (name, role)
+            assert same(site.optimizers[role].state_dict(), other.optimizers[role].state_dict()), (name, role)
+        assert untimed(site.history) == untimed(other.history)
+        assert [s for s in site.scalars if not s[0].startswith("speed/")] == [s for s in other.scalars if not s[0].startswith("speed/")]
+        assert site.memory.keys() == other.memory.keys() and site.memory["phase"] == other.memory["phase"]
+    if not args:  # the default run goes through every phase
+        phases = {
+            tag
+            for site in ours.values()
+            for tag, value, _ in site.scalars
+            if tag in ("det/recover", "det/exchange", "det/sublimate") and value
+        }
+        assert phases == {"det/recover", "det/exchange", "det/sublimate"}
+
+
+def same(a, b) -> bool:
+    """Whether two nested containers of tensors and plain values are equal, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b

@@ -20,8 +20,8 @@ from nvflare.recipe import PocEnv, ProdEnv, SimEnv
 from nvflare.recipe.spec import Recipe
 
 from prrfl.config import ConfigError
+from prrfl.flare.job_recipe import PACKAGE, PersonalizedRecipe, end_poc_processes, environment, export_job
 from prrfl.flare.jobs import job_config, job_files
-from prrfl.flare.recipe import PACKAGE, PersonalizedRecipe, end_poc_processes, environment, export_job
 from prrfl.sweep import simulator_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def test_flares_export_of_the_recipe_is_the_committed_job_folder(tmp_path):
 def test_a_site_waits_for_a_slow_starting_server_job_as_long_as_the_job_says(tmp_path):
     """FLARE reads the sites' wait for the server's job process (60 s unless the job says) from the job's client config:
     every job sets RUNNER_SYNC_TIMEOUT, read here the way a site's job process reads it."""
-    from prrfl.flare.recipe import RUNNER_SYNC_TIMEOUT
+    from prrfl.flare.job_recipe import RUNNER_SYNC_TIMEOUT
 
     config = ROOT / "jobs" / "derm_prr" / "app" / "config" / "config_fed_client.json"
     code = (
@@ -127,7 +127,7 @@ def test_job_py_takes_config_fields_with_set_as_prrfl_run_does():
 
 def test_job_py_ends_with_the_tables_prrfl_run_ends_with(tmp_path, monkeypatch, capsys):
     """After the run, job.py prints what `prrfl run` prints last: the per-site table and the cross-site matrix of
-    the result (prrfl.flare.recipe.result_tables), not only where the result is."""
+    the result (prrfl.flare.job_recipe.result_tables), not only where the result is."""
     spec = importlib.util.spec_from_file_location("job_script", ROOT / "job.py")
     job_script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job_script)
@@ -147,13 +147,13 @@ def test_cross_site_evaluation_is_the_second_server_workflow_unless_turned_off(t
 
     job = PersonalizedRecipe(task="derm", method="fedbn").export_folder(tmp_path / "on")
     assert workflows(job) == [
-        ("workflow", "prrfl.flare.workflow.PersonalizedWorkflow"),
+        ("workflow", "prrfl.flare.server_workflow.PersonalizedWorkflow"),
         ("cross_site_eval", "prrfl.flare.cross_site.CrossSiteEvaluation"),
     ]
     client = json.loads((job / "app/config/config_fed_client.json").read_text())
     assert client["executors"][0]["executor"]["args"]["task_script_args"] == "--run-name derm_fedbn"  # where its best model is
     off = PersonalizedRecipe(task="derm", method="fedbn", cross_site_eval=False).export_folder(tmp_path / "off")
-    assert workflows(off) == [("workflow", "prrfl.flare.workflow.PersonalizedWorkflow")]
+    assert workflows(off) == [("workflow", "prrfl.flare.server_workflow.PersonalizedWorkflow")]
 
 
 def test_sites_ask_for_their_next_task_at_the_recipes_interval_through_flares_server_setting(tmp_path):
@@ -224,7 +224,7 @@ def test_a_poc_listens_on_free_ports_of_its_own_never_on_flares_fixed_ones(tmp_p
     as it deploys (FLARE's 8002/8003 may belong to another POC on the machine: held here)."""
     from nvflare.tool.poc.poc_commands import get_fl_client_names, get_fl_server_name, get_proj_admin
 
-    from prrfl.flare import recipe as recipe_module
+    from prrfl.flare import job_recipe as recipe_module
 
     project = recipe_module.poc_project(3, 20001, 20002)
     (server,) = [p for p in project["participants"] if p["type"] == "server"]
@@ -250,7 +250,7 @@ def test_the_poc_is_submitted_to_once_its_server_listens_however_slowly_it_start
     import socket
     import threading
 
-    from prrfl.flare import recipe as recipe_module
+    from prrfl.flare import job_recipe as recipe_module
 
     sessions = []
     monkeypatch.setattr(PocEnv, "_get_session_manager", lambda self: sessions.append(self) or "session")
@@ -271,7 +271,7 @@ def test_a_poc_whose_start_or_submission_fails_is_stopped_and_the_cause_is_named
     """The POC a failed start or submission (or Ctrl-C meanwhile) leaves is stopped: its server and sites never
     outlive `prrfl run --env poc`, and the error names the job and FLARE's reason."""
     from prrfl.errors import CommandFailed
-    from prrfl.flare import recipe as recipe_module
+    from prrfl.flare import job_recipe as recipe_module
 
     stopped = []
     monkeypatch.setattr(recipe_module, "stop_poc", stopped.append)
@@ -316,8 +316,8 @@ def test_prrfl_run_refuses_to_resume_another_runs_state_before_the_simulator_sta
     differs, before the simulator starts (inside it, every site would fail and the command would end on
     "Simulation failed with return code 2")."""
     from prrfl.cli import main
-    from prrfl.flare.recipe import recipe_config
-    from prrfl.flare.workflow import STATE_FILE
+    from prrfl.flare.job_recipe import recipe_config
+    from prrfl.flare.server_workflow import STATE_FILE
     from prrfl.server.federation import ServerState
     from prrfl.storage import save_torch
 

@@ -16,9 +16,9 @@ from test_site_loop import initial_download, next_download
 
 from prrfl.flare import liveness, places
 from prrfl.flare.liveness import Deadline, WorkerWatch
+from prrfl.flare.server_workflow import PREVIOUS_STATE_FILE, STATE_FILE, PersonalizedWorkflow
 from prrfl.flare.site_app import build_runtime
 from prrfl.flare.site_config import SiteConfig
-from prrfl.flare.workflow import PREVIOUS_STATE_FILE, STATE_FILE, PersonalizedWorkflow
 from prrfl.server.federation import ServerState
 from prrfl.site.state import CHECKPOINT, PREVIOUS_CHECKPOINT
 from prrfl.site.trainer import run_round

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from prrfl.flare.liveness import Deadline
-from prrfl.flare.workflow import PersonalizedWorkflow
+from prrfl.flare.server_workflow import PersonalizedWorkflow
 
 
 def workflow(resumed_at):

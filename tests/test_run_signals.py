@@ -16,8 +16,8 @@ import pytest
 from conftest import TINY_DATA, our_processes, wait_for
 
 from prrfl import cli
-from prrfl.deploy import kill_process_tree
 from prrfl.errors import interruption
+from prrfl.flare.deployment import kill_process_tree
 from prrfl.flare.liveness import SIMULATOR_WORKER
 
 RESUME_LINE = "run the same command with --resume auto to continue from the last completed round"
@@ -58,8 +58,8 @@ def test_a_swallowed_sigterm_still_ends_the_command_and_a_second_one_does_not_cu
 def test_run_recipe_turns_a_sigterm_without_a_handler_into_one_keyboard_interrupt():
     """Outside `prrfl run` (no handler of the command's), a SIGTERM during a run still unwinds, so that FLARE's
     simulator stops its processes, rather than end the process at once and leave them running. In a fork of this
-    process (prrfl.flare.recipe already imported), where SIGTERM has its default handler."""
-    from prrfl.flare.recipe import interrupts
+    process (prrfl.flare.job_recipe already imported), where SIGTERM has its default handler."""
+    from prrfl.flare.job_recipe import interrupts
 
     read, write = os.pipe()
     pid = os.fork()
@@ -89,8 +89,8 @@ def test_sigterm_that_ends_the_simulator_is_a_stop_with_the_line_to_resume(tmp_p
     """SIGTERM during `prrfl run` on SimEnv: FLARE's SimEnv reports the simulator it killed as a RuntimeError
     ("Simulation failed with return code -9"); prrfl ends what is left of it, says it was stopped and how to go on,
     with status 143, and leaves the signal handlers as they were."""
-    from prrfl.flare import recipe as recipe_module
-    from prrfl.flare.recipe import PersonalizedRecipe
+    from prrfl.flare import job_recipe as recipe_module
+    from prrfl.flare.job_recipe import PersonalizedRecipe
 
     ended = []
     monkeypatch.setattr(recipe_module, "end_simulator_processes", ended.append)
@@ -118,7 +118,7 @@ def test_sigterm_that_ends_the_simulator_is_a_stop_with_the_line_to_resume(tmp_p
 
 
 def test_end_simulator_processes_ends_the_simulators_on_that_workspace_only(tmp_path):
-    from prrfl.flare.recipe import SIMULATOR_MAIN, end_simulator_processes
+    from prrfl.flare.job_recipe import SIMULATOR_MAIN, end_simulator_processes
 
     ws = tmp_path / "ws" / "derm_prr"
     sleep = [sys.executable, "-c", "import time; time.sleep(120)"]

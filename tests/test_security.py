@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import make_runtime
 
-from prrfl.flare import protocol as P
+from prrfl.flare import task_protocol as P
 from prrfl.messages import Download
 from prrfl.site.trainer import run_round
 
@@ -70,7 +70,7 @@ def log_text(kit: Path) -> str:
 
 @pytest.mark.e2e
 def test_a_client_from_another_provisioning_is_refused(tmp_path):
-    from prrfl.deploy import POC_TEMPLATE, Deployment, Processes, client_command, free_ports, make_project, provision
+    from prrfl.flare.deployment import POC_TEMPLATE, Deployment, Processes, client_command, free_ports, make_project, provision
 
     ports = free_ports(2)
     ours = provision(make_project(POC_TEMPLATE, 1, *ports), tmp_path / "ours")

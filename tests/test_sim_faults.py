@@ -17,9 +17,9 @@ import torch
 from conftest import tiny_derm_config, untimed, wait_for
 
 from prrfl.cli import main as prrfl
-from prrfl.deploy import kill_process_tree
-from prrfl.flare.recipe import export_job
-from prrfl.flare.workflow import STATE_FILE as STATE
+from prrfl.flare.deployment import kill_process_tree
+from prrfl.flare.job_recipe import export_job
+from prrfl.flare.server_workflow import STATE_FILE as STATE
 from prrfl.sweep import simulator_command
 
 pytestmark = pytest.mark.e2e

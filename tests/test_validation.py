@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from prrfl import cli
-from prrfl.algorithms import det, pfa, prototypes
+from prrfl.algorithms import class_prototypes, det, pfa
 from prrfl.config import ConfigError, RunConfig, describe, matches
 from prrfl.errors import CommandFailed, run_command
 from prrfl.flare.jobs import JOBS, job_config
@@ -206,7 +206,7 @@ def test_the_literal_annotations_list_the_values_the_code_accepts():
     assert typing.get_args(pfa.Components) == pfa.COMPONENTS
     assert typing.get_args(pfa.ConvLayout) == pfa.CONV_LAYOUTS
     assert typing.get_args(pfa.Schedule) == pfa.SCHEDULES
-    assert typing.get_args(prototypes.StdKind) == prototypes.STD_KINDS
+    assert typing.get_args(class_prototypes.StdKind) == class_prototypes.STD_KINDS
 
 
 def test_the_methods_own_rules_are_config_errors_too():
@@ -462,7 +462,7 @@ def test_ctrl_c_that_ends_the_simulator_is_an_interruption_with_the_line_to_resu
     import os
     import signal
 
-    from prrfl.flare.recipe import PersonalizedRecipe
+    from prrfl.flare.job_recipe import PersonalizedRecipe
 
     def ctrl_c_then_failure(self, env, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)  # what the terminal sends; Python raises KeyboardInterrupt here ...

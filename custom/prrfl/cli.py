@@ -39,8 +39,8 @@ RESUME = {"false": False, "true": True, "auto": "auto"}  # --resume values -> th
 
 def _jobs_export(args: argparse.Namespace) -> int:
     """Every job's config is checked before the first folder is written: a typo writes nothing."""
+    from prrfl.flare.job_recipe import export_job
     from prrfl.flare.jobs import JOBS, job_config
-    from prrfl.flare.recipe import export_job
 
     names = args.names or sorted(JOBS)
     configs = {name: validated(name, apply_overrides(job_config(name, args.profile).to_dict(), args.set)) for name in names}
@@ -63,8 +63,8 @@ def _jobs_export(args: argparse.Namespace) -> int:
 def _jobs_check(args: argparse.Namespace) -> int:
     import tempfile
 
+    from prrfl.flare.job_recipe import export_job
     from prrfl.flare.jobs import JOBS, job_files
-    from prrfl.flare.recipe import export_job
 
     stale = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -192,7 +192,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """A job's recipe on a FLARE environment (SimEnv, PocEnv, ProdEnv), to the end; prints the table."""
-    from prrfl.flare.recipe import PersonalizedRecipe, environment, recipe_config, result_tables, run_recipe, stop_poc
+    from prrfl.flare.job_recipe import PersonalizedRecipe, environment, recipe_config, result_tables, run_recipe, stop_poc
     from prrfl.registry import task_class
 
     name, cfg = recipe_config(args.job, args.task, args.method, None, apply_overrides({}, args.set))
@@ -218,7 +218,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from prrfl.deploy import cli
+    from prrfl.flare.deployment import cli
 
     return cli(args)
 

@@ -32,7 +32,7 @@ class Download:
 
     params and meta are the method's (`Method.aggregate`); round and global_class_counts are the
     federation's, filled by the transport when the download reaches the site
-    (`prrfl.flare.protocol.model_to_download`): a download the server has not sent yet keeps their
+    (`prrfl.flare.task_protocol.model_to_download`): a download the server has not sent yet keeps their
     defaults."""
 
     params: StateDict

@@ -47,8 +47,8 @@ from typing import Any
 from prrfl.config import ConfigError, RunConfig, apply_overrides
 from prrfl.crosseval import summary_line, write_crosseval
 from prrfl.errors import CommandFailed
+from prrfl.flare.job_recipe import export_job
 from prrfl.flare.jobs import job_config
-from prrfl.flare.recipe import export_job
 from prrfl.registry import build_task, validate_config, validate_job
 from prrfl.report import SiteResult, build_report, variant_label
 from prrfl.storage import load_json, save_json

@@ -17,7 +17,7 @@ segmentation script uses the mean squared difference of the two softmax maps ins
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import IntEnum
 from typing import Literal
 
@@ -39,6 +39,9 @@ class Phase(IntEnum):
     RECOVER = 1
     EXCHANGE = 2
     SUBLIMATE = 3
+
+
+PHASE_NAMES: tuple[str, ...] = tuple(p.name.lower() for p in Phase)  # recover, exchange, sublimate
 
 
 _TARGETS: dict[Phase, tuple[bool, bool]] = {
@@ -73,6 +76,14 @@ def next_phase(
     if phase == Phase.RECOVER or deputy_score < l2 * personal_score:
         return Phase.EXCHANGE
     return Phase.SUBLIMATE
+
+
+def allowed_phase(phase: Phase, allowed: Sequence[Phase]) -> Phase:
+    """`phase` if allowed, else the closest allowed phase below it, else the lowest allowed one."""
+    if phase in allowed:
+        return phase
+    below = [p for p in allowed if p < phase]
+    return max(below) if below else min(allowed)
 
 
 def distillation_targets(phase: Phase | int) -> tuple[bool, bool]:
@@ -123,15 +134,24 @@ def distillation(student_logits: torch.Tensor, teacher_logits: torch.Tensor, for
 
 class DeputyPair:
     """A personalized model P and its deputy D, and DET's phase between them: the site side of PRR for any
-    training loop (prrfl.flare.components.PersonalizedPair puts it around FLARE's Client API).
+    training loop (prrfl.methods.prr.PRR runs its sites' DET through it; prrfl.flare.components.PersonalizedPair
+    puts it around FLARE's Client API).
 
     l1 <= l2: the phase thresholds on deputy_score / personal_score (`next_phase`; higher scores are
     better). local_keys: state-dict keys that never leave the site and are never overwritten by a
-    download (default: the deputy's BatchNorm parameters and buffers, FedBN style).
+    download (default: the deputy's BatchNorm parameters and buffers, FedBN style). phases: the phases
+    allowed (default all three); DET picks the phase as usual, then a phase that is not allowed becomes
+    the closest allowed one below it, or the lowest allowed one (`allowed_phase`).
     """
 
     def __init__(
-        self, personal: torch.nn.Module, deputy: torch.nn.Module, l1: float = 0.7, l2: float = 0.9, local_keys: Iterable[str] | None = None
+        self,
+        personal: torch.nn.Module,
+        deputy: torch.nn.Module,
+        l1: float = 0.7,
+        l2: float = 0.9,
+        local_keys: Iterable[str] | None = None,
+        phases: Iterable[Phase | int] = tuple(Phase),
     ):
         if not 0 < l1 <= l2 <= 1:
             raise ValueError(f"need 0 < l1 <= l2 <= 1, got l1={l1}, l2={l2}")
@@ -140,6 +160,9 @@ class DeputyPair:
         self.personal, self.deputy = personal, deputy
         self.l1, self.l2 = l1, l2
         self.local_keys = set(batchnorm_keys(deputy) if local_keys is None else local_keys)
+        self.phases: tuple[Phase, ...] = tuple(sorted({Phase(p) for p in phases}))
+        if not self.phases:
+            raise ValueError("DET needs at least one allowed phase")
         self.downloads = 0  # models received so far; the first one initialises both P and D
         self.current_phase: Phase | None = None
         self.just_downloaded = False
@@ -147,11 +170,13 @@ class DeputyPair:
     def shared_keys(self) -> list[str]:
         return [k for k in self.deputy.state_dict() if k not in self.local_keys]
 
-    def receive_state(self, params: dict[str, torch.Tensor]) -> bool:
+    def receive_state(self, params: dict[str, torch.Tensor], first: bool | None = None) -> bool:
         """Take the server's weights. The first ones initialise both P and D (all keys must match); later
         ones go to the deputy only, without its local keys (strict=False: weights of the shared keys only are
-        fine). DET restarts in Recover. Returns True for the first."""
-        first = self.downloads == 0
+        fine). DET restarts in Recover. first: whether these are the first weights (default: none were received
+        through this pair yet). Returns `first`."""
+        if first is None:
+            first = self.downloads == 0
         if first:
             self.personal.load_state_dict(params)
             self.deputy.load_state_dict(params)
@@ -163,28 +188,29 @@ class DeputyPair:
         return first
 
     def phase(self, personal_score: float, deputy_score: float, just_downloaded: bool | None = None) -> Phase:
-        """The DET phase of the coming epoch from P's and D's scores (higher is better). just_downloaded:
-        whether D was replaced since the last epoch (default: no epoch ran since the last download)."""
+        """The DET phase of the coming epoch from P's and D's scores (higher is better), `next_phase` capped to
+        the allowed `phases`. just_downloaded: whether D was replaced since the last epoch (default: no epoch ran
+        since the last download)."""
         if just_downloaded is None:
             just_downloaded = self.just_downloaded
-        self.current_phase = next_phase(
-            self.current_phase, deputy_score, personal_score, l1=self.l1, l2=self.l2, just_downloaded=just_downloaded
-        )
+        phase = next_phase(self.current_phase, deputy_score, personal_score, l1=self.l1, l2=self.l2, just_downloaded=just_downloaded)
+        self.current_phase = allowed_phase(phase, self.phases)
         self.just_downloaded = False
         return self.current_phase
 
     def distillation(
-        self, z_personal: torch.Tensor, z_deputy: torch.Tensor, form: Distillation = "kl"
+        self, z_personal: torch.Tensor, z_deputy: torch.Tensor, form: Distillation = "kl", weight: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(extra loss of P, extra loss of D) in the current phase: the distillation (`distillation`, KL by
-        default) with the teacher detached, for the model that learns from the other; 0 for the other."""
+        """(extra loss of P, extra loss of D) in the current phase: `weight` times the distillation
+        (`distillation`, KL by default) with the teacher detached, for the model that learns from the other;
+        0 for the other."""
         if self.current_phase is None:
             raise RuntimeError("no DET phase yet: call phase() before the epoch's batches")
         p_learns, d_learns = distillation_targets(self.current_phase)
         zero = z_personal.new_zeros(())
         return (
-            distillation(z_personal, z_deputy, form) if p_learns else zero,
-            distillation(z_deputy, z_personal, form) if d_learns else zero,
+            weight * distillation(z_personal, z_deputy, form) if p_learns else zero,
+            weight * distillation(z_deputy, z_personal, form) if d_learns else zero,
         )
 
     def shared_state(self) -> dict[str, torch.Tensor]:

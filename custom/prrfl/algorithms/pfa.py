@@ -16,13 +16,14 @@ Choices pinned here (docs/authors_code.md §1):
   (`components="amplitude"`);
 * BatchNorm parameters and buffers never leave a site's own result (FedBN style); 1-D float
   tensors that are not BN (biases) get a plain weighted average, as the authors' FedAvg branch.
+  BatchNorm is found by layer type (`batchnorm_keys(model)`), never from key names: a state dict does
+  not say which of its layers are BatchNorm, so `pfa_aggregate` is told the keys.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
@@ -42,8 +43,6 @@ SCHEDULES: tuple[str, ...] = ("paper", "authors")
 AUTHORS_R1 = 0.475  # hard-coded end of the authors' schedule (their 0.95 = 2 * r1)
 
 _BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
-# "bn", "bn1", "fc1_bn", ... as a name part; the authors' bare substring test would also hit "subnet"
-_BN_NAME = re.compile(r"(?:^|[._])bn\d*(?:[._]|$)")
 _BATCHNORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
@@ -311,23 +310,6 @@ def batchnorm_statistics_keys(module: nn.Module) -> set[str]:
     return {k for k in batchnorm_keys(module) if k.rpartition(".")[2] in _BN_BUFFERS}
 
 
-def guess_batchnorm_keys(keys: Iterable[str]) -> set[str]:
-    """BatchNorm keys found from names alone (state dicts carry no layer types).
-
-    A key is BN when a name part is bn/bnN (e.g. "layer1.bn1.weight", "fc1_bn.bias"), when it is a
-    running_mean / running_var / num_batches_tracked buffer, or when it is the weight or bias next
-    to a running_mean (e.g. torchvision's "downsample.1.weight"). Prefer `batchnorm_keys(model)`.
-    """
-    keys = list(keys)
-    bn_layers = {k.rpartition(".")[0] for k in keys if k.rpartition(".")[2] == "running_mean"}
-    found = set()
-    for key in keys:
-        layer, _, leaf = key.rpartition(".")
-        if _BN_NAME.search(key) or leaf in _BN_BUFFERS or (layer in bn_layers and leaf in ("weight", "bias")):
-            found.add(key)
-    return found
-
-
 def _skip_rule(skip: Skip) -> Callable[[str], bool]:
     """A predicate from a callable, or from fnmatch patterns (a plain key matches itself)."""
     if skip is None:
@@ -348,13 +330,16 @@ def pfa_aggregate(
     conv_layout: ConvLayout = "paper",
     classifier_key: str | Sequence[str] | None = None,
     classifier_rowwise: bool = True,
-    bn_keys: Iterable[str] | None = None,
+    bn_keys: Iterable[str] | None,
     skip: Skip = None,
 ) -> list[dict[str, torch.Tensor]]:
     """PFA of K sites' state dicts (same keys and shapes) -> K new state dicts, one per site.
 
+    `bn_keys`: the BatchNorm keys, which stay at each site: `batchnorm_keys(model)` (found by layer type), or
+    () when the states carry no BatchNorm (prrfl's sites never send it). There is no default: a state dict
+    does not say which layers are BatchNorm, and names are not guessed (None is refused, saying so).
     Per key, in this order:
-      BN key (`bn_keys`, else `guess_batchnorm_keys`), `skip` match, or non-float tensor
+      BN key (`bn_keys`), `skip` match, or non-float tensor
                       -> the site's own tensor (cloned);
       classifier      -> row-wise 1-D mix (`classifier_rowwise`; the key is `classifier_key`, or
                          each of several keys, e.g. the branches of an ASPP head that all give
@@ -374,7 +359,12 @@ def pfa_aggregate(
         raise ValueError(f"conv_layout must be one of {CONV_LAYOUTS}, got {conv_layout!r}")
     w = normalised_weights(weights, len(site_states))
     is_skipped = _skip_rule(skip)
-    local = set(guess_batchnorm_keys(keys) if bn_keys is None else bn_keys)
+    if bn_keys is None:
+        raise ValueError(
+            "pfa_aggregate needs the BatchNorm keys that stay at each site, found by layer type in a model: "
+            "bn_keys=batchnorm_keys(model), or bn_keys=() when the state dicts carry no BatchNorm"
+        )
+    local = set(bn_keys)
     first = site_states[0]
     mixed_keys = [k for k in keys if k not in local and not is_skipped(k) and first[k].is_floating_point()]
     rowwise = _classifier(classifier_key, keys, mixed_keys, first) if classifier_rowwise else set()

@@ -25,10 +25,10 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.workflows.cross_site_eval import CrossSiteEval
 
 from prrfl.crosseval import CROSSEVAL_FILE, cross_site_eval_result, summary_line
-from prrfl.flare import protocol as P
+from prrfl.flare import task_protocol as P
 from prrfl.storage import load_json, save_json
 
-COMPONENT_ID = "cross_site_eval"  # its id in every prrfl job (prrfl.flare.recipe)
+COMPONENT_ID = "cross_site_eval"  # its id in every prrfl job (prrfl.flare.job_recipe)
 CARD = "model_card"  # meta key of a submitted model: its card (prrfl.site.state.SiteRuntime.model_card)
 RESULTS = "results.json"  # the workflow's, in the server's run folder
 

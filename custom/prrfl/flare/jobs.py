@@ -1,6 +1,6 @@
 """The FLARE jobs under jobs/: one table of configurations (task, method, settings).
 
-Each job is built by the recipe (prrfl.flare.recipe.PersonalizedRecipe); `prrfl jobs export` writes the
+Each job is built by the recipe (prrfl.flare.job_recipe.PersonalizedRecipe); `prrfl jobs export` writes the
 folders and `prrfl jobs check` (and a test) checks the committed ones still match. No FLARE import here.
 """
 

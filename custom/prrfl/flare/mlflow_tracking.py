@@ -43,7 +43,7 @@ from prrfl.registry import build_task, method_class
 
 STORE_FILE = "mlflow.db"
 ARTIFACTS_DIR = "mlflow-artifacts"  # beside the default store
-WORKFLOW_ID = "workflow"  # the component id of the workflow in every prrfl job (prrfl.flare.recipe)
+WORKFLOW_ID = "workflow"  # the component id of the workflow in every prrfl job (prrfl.flare.job_recipe)
 RUN_NAME_TAG = "run_name"  # FLARE's tag holding the run's name
 SIMULATOR_JOB_ID = "simulate_job"  # FLARE's simulator gives every job this id
 

@@ -4,7 +4,7 @@ FLARE may start this process once per job or once per task (simulator with fewer
 sites), so nothing lives only in memory: the runtime is rebuilt from the site checkpoint when the
 process is new, and written back after every round.
 
-Tasks: the workflow's `prepare` and `train` (prrfl.flare.workflow); after them, FLARE's cross-site
+Tasks: the workflow's `prepare` and `train` (prrfl.flare.server_workflow); after them, FLARE's cross-site
 evaluation (prrfl.flare.cross_site): `submit_model` sends this site's best personalized model with its
 model card, `validate` scores a received model on this site's test split. These two need no runtime:
 the best model is found from the run name (the script's --run-name, set by the recipe) and the site's
@@ -26,7 +26,7 @@ from nvflare.client.tracking import SummaryWriter
 
 from prrfl.config import RunConfig
 from prrfl.flare import places
-from prrfl.flare import protocol as P
+from prrfl.flare import task_protocol as P
 from prrfl.flare.console import quiet_flare_console
 from prrfl.flare.cross_site import CARD
 from prrfl.flare.liveness import end_site_with_simulator

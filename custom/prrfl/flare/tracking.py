@@ -37,7 +37,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 from prrfl.flare.run_names import COHORTS_PROP, EVENTS, FEDERATION_RUN, RUN_ID_PROP, cohorts_of, is_from_server, run_name
 
 TRACKING = ("tensorboard", "mlflow")
-RECEIVER_ID = "receiver"  # the receiver's id in every prrfl job (prrfl.flare.recipe)
+RECEIVER_ID = "receiver"  # the receiver's id in every prrfl job (prrfl.flare.job_recipe)
 
 
 def publish_cohorts(fl_ctx: FLContext, cohorts: dict[str, str], run_id: str | None = None) -> None:

@@ -11,7 +11,7 @@ from prrfl.messages import Download, Upload
 from prrfl.methods import prototype_exchange as protos
 from prrfl.methods.base import Method
 from prrfl.methods.view import SiteView
-from prrfl.server.prototypes import download_meta, site_prototypes
+from prrfl.server.class_statistics import download_meta, site_prototypes
 
 
 def prototype_regulariser(

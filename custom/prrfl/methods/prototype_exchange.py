@@ -1,12 +1,12 @@
 """Class prototypes as they travel, shared by PRR (CPA loss) and FedProto.
 
-A site averages one model's embeddings per class (`prrfl.algorithms.prototypes.PrototypeTracker`, the tracker the
+A site averages one model's embeddings per class (`prrfl.algorithms.class_prototypes.PrototypeTracker`, the tracker the
 FLARE components' Client API scripts use too) over the batches of each local epoch (the authors'
 choice in both papers: the features of the batches being trained on, in train mode), pooled per
 class as the task says (`Task.class_embeddings`: an image's embedding for classification, the
 feature map's masked average per class for segmentation); the last epoch's prototypes go up in
-Upload.meta (prrfl.keys names them). The server's global prototypes (prrfl.server.prototypes) come down in
-Download.meta.
+Upload.meta (prrfl.keys names them). The server's global prototypes (prrfl.server.class_statistics) come down in
+Download.meta, read by `prrfl.server.class_statistics.GlobalStatistics`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from prrfl.algorithms.prototypes import PrototypeTracker
-from prrfl.keys import GLOBAL_PROTOTYPE_PRESENT, GLOBAL_PROTOTYPES, PROTOTYPE_PRESENT, PROTOTYPES
+from prrfl.algorithms.class_prototypes import PrototypeTracker
+from prrfl.keys import PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.methods.view import SiteView
+from prrfl.server.class_statistics import GlobalStatistics
 
 
 def track(site: SiteView, embedding: torch.Tensor, targets: torch.Tensor) -> None:
@@ -44,7 +45,8 @@ def upload_meta(site: SiteView) -> dict[str, Any]:
 
 
 def receive(site: SiteView, meta: dict[str, Any]) -> None:
-    """Keep the global prototypes of a download, when it brings some."""
-    if GLOBAL_PROTOTYPES in meta:
-        site.memory["global_prototypes"] = torch.tensor(meta[GLOBAL_PROTOTYPES], dtype=torch.float64)
-        site.memory["global_present"] = torch.tensor(meta[GLOBAL_PROTOTYPE_PRESENT], dtype=torch.bool)
+    """Keep the global prototypes of a download (`prrfl.server.class_statistics.GlobalStatistics`), when it brings some."""
+    sent = GlobalStatistics.from_meta(meta)
+    if sent.prototypes is not None:
+        site.memory["global_prototypes"] = sent.prototypes
+        site.memory["global_present"] = sent.present

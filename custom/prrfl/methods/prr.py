@@ -3,7 +3,8 @@ Conjoint Prototype-Aligned loss at each site.
 
 Each site keeps a personalized model P (never overwritten) and a deputy D (receives the site's own
 PFA output). Before every local epoch DET picks Recover / Exchange / Sublimate from the validation
-score of D relative to P; the phase decides which model distils from the other. L_sup is CPA: the
+score of D relative to P; the phase decides which model distils from the other (the site's P and D are a
+`prrfl.algorithms.det.DeputyPair`, the DET of a FLARE client's PersonalizedPair too). L_sup is CPA: the
 conjoint mask G from the global class counts, weighted per class by gamma from the cosine between
 the site's prototype (from P) and the sampled global prototype. Only D's non-BN weights, the class
 counts and the per-class mean embeddings leave the site.
@@ -60,24 +61,16 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from prrfl.algorithms import cpa, det, pfa, prototypes
+from prrfl.algorithms import class_prototypes, cpa, det, pfa
 from prrfl.keys import PFA_R, PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.messages import Download, Upload
 from prrfl.methods import prototype_exchange as protos
 from prrfl.methods.base import Method, global_class_counts, proximal_term
 from prrfl.methods.view import SiteView
 from prrfl.server import aggregation
-from prrfl.server.prototypes import PrototypeExchange
+from prrfl.server.class_statistics import PrototypeExchange
 
-PHASE_NAMES: tuple[str, ...] = tuple(p.name.lower() for p in det.Phase)  # recover, exchange, sublimate
-
-
-def allowed_phase(phase: det.Phase, allowed: Sequence[det.Phase]) -> det.Phase:
-    """`phase` if allowed, else the closest allowed phase below it, else the lowest allowed one."""
-    if phase in allowed:
-        return phase
-    below = [p for p in allowed if p < phase]
-    return max(below) if below else min(allowed)
+PHASE_NAMES = det.PHASE_NAMES  # recover, exchange, sublimate
 
 
 @dataclass(frozen=True)
@@ -104,7 +97,7 @@ class PRROptions:
     beta: float = 0.8
     tau: float = 3.0
     cpa_refine_from_round: int = 0  # authors: 15
-    proto_std: prototypes.StdKind = "biased"  # "unbiased": the authors' K-1 divisor
+    proto_std: class_prototypes.StdKind = "biased"  # "unbiased": the authors' K-1 divisor
     proto_std_floor: float = 0.0  # authors: 1.0
     cpa_ce_mix: float = 0.0  # authors' segmentation code: 0.5
     distillation: det.Distillation = "kl"  # authors' segmentation code: "mse"
@@ -171,6 +164,7 @@ class PRR(Method):
         """options: the fields of `PRROptions` (Method.option_parameters reads them from there)."""
         super().__init__(cfg, task)
         self.opt = PRROptions(**options)
+        self._pairs: dict[str, det.DeputyPair] = {}  # site -> its P and D as DET's pair (`_pair`)
         if not self.opt.det_enabled:  # one model: receives the PFA output, trains with L_sup, is evaluated
             self.roles, self.eval_role, self.upload_role = ("local",), "local", "local"
         else:
@@ -226,17 +220,31 @@ class PRR(Method):
         return exchanged
 
     # ----- site ----------------------------------------------------------------------------
+    def _pair(self, site: SiteView) -> det.DeputyPair:
+        """The site's P and D as DET's pair (`prrfl.algorithms.det.DeputyPair`, the DET of a FLARE client's
+        PersonalizedPair too), built once per site, in the phase the site's memory holds: the memory is what the
+        loop checkpoints and a restore replaces, so the phase is read from it at every use (and written back by
+        the hooks that change it)."""
+        personal, deputy = site.models["personal"], site.models["deputy"]
+        pair = self._pairs.get(site.name)
+        if pair is None or pair.personal is not personal or pair.deputy is not deputy:
+            o = self.opt
+            local = pfa.batchnorm_keys(deputy)  # BN stays at the site (`shared_keys`)
+            pair = self._pairs[site.name] = det.DeputyPair(personal, deputy, l1=o.l1, l2=o.l2, local_keys=local, phases=o.phases)
+        pair.current_phase = site.memory.get("phase")
+        return pair
+
     def on_download(self, site: SiteView, download: Download, first: bool) -> None:
-        if first:  # P and D start from the same initial model
-            for role in self.roles:
-                site.models[role].load_state_dict(download.params)
+        mem = site.memory
+        if self.opt.det_enabled:  # the first download starts P and D from the same model, later ones reach D only
+            pair = self._pair(site)
+            pair.receive_state(download.params, first=first)
+            mem["phase"] = pair.current_phase  # None: every download restarts DET in Recover
         else:
-            site.models[self.upload_role].load_state_dict(download.params, strict=False)
+            site.models["local"].load_state_dict(download.params, strict=first)
         if self.opt.optimizers == "per_round":  # as new optimisers: no moments, no step count
             for optimizer in site.optimizers.values():
                 optimizer.state.clear()
-        mem = site.memory
-        mem["phase"] = None  # every download restarts DET in Recover
         if self.opt.personal_prox:  # where P is pulled to this round: the download's shared weights
             personal = site.models["personal"]
             shared, device = self.shared_keys(personal), next(personal.parameters()).device
@@ -263,8 +271,7 @@ class PRR(Method):
                 personal = deputy
             if o.det_rescue is not None:
                 site.log_scalar("det/rescue", float(rescue), step)
-            phase = det.next_phase(mem["phase"], deputy, personal, l1=o.l1, l2=o.l2, just_downloaded=epoch == 0)
-            mem["phase"] = allowed_phase(phase, self.opt.phases)
+            mem["phase"] = self._pair(site).phase(personal, deputy, just_downloaded=epoch == 0)
             for phase_name in PHASE_NAMES:  # 1 for the phase of this epoch, by name
                 site.log_scalar(f"det/{phase_name}", float(mem["phase"].name.lower() == phase_name), step)
             site.log_scalar("det/personal_score", personal, step)
@@ -296,15 +303,11 @@ class PRR(Method):
 
     def losses(self, site, targets, outputs):
         losses = {role: self.supervised_loss(site, z, targets) for role, (z, _) in outputs.items()}
-        phase = site.memory["phase"] if self.opt.det_enabled else None
-        if phase is not None:
+        if self.opt.det_enabled and site.memory["phase"] is not None:
             (z_p, _), (z_d, _) = outputs["personal"], outputs["deputy"]
-            p_learns, d_learns = det.distillation_targets(phase)
-            form, weight = self.opt.distillation, self.opt.distill_weight
-            if p_learns:
-                losses["personal"] = losses["personal"] + weight * det.distillation(z_p, z_d, form)
-            if d_learns:
-                losses["deputy"] = losses["deputy"] + weight * det.distillation(z_d, z_p, form)
+            extra_p, extra_d = self._pair(site).distillation(z_p, z_d, self.opt.distillation, self.opt.distill_weight)
+            losses["personal"] = losses["personal"] + extra_p
+            losses["deputy"] = losses["deputy"] + extra_d
         if self.opt.personal_prox:  # Ditto's pull of P towards the round's download
             pull = proximal_term(site.models["personal"], site.memory["prox_anchor"], self.opt.personal_prox)
             losses["personal"] = losses["personal"] + pull

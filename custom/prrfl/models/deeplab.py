@@ -18,8 +18,8 @@ backbone 11,170,240 (torchvision's ResNet-18 11,689,512, minus its fc 513,000, m
 Width 32: 2,814,184 (10.7 MiB); width 16: 709,752 (2.7 MiB); feature dims 256 and 128, for CPU runs.
 The backbone's state-dict keys and shapes are torchvision's resnet18 ones (fc aside).
 
-PFA (`prrfl.algorithms.pfa`): every BN is an nn.BatchNorm2d named bn1/bn2 or downsample.1, so both
-`batchnorm_keys(model)` and `guess_batchnorm_keys(state_dict)` find all of them. Backbone convs are
+PFA (`prrfl.algorithms.pfa`): every BN is an nn.BatchNorm2d (named bn1/bn2 or downsample.1), which
+`batchnorm_keys(model)` finds by layer type. Backbone convs are
 bias-free; the ASPP convs keep DeepLab-v2's biases (averaged by PFA as 1-D tensors). All four ASPP
 branches [classes, D, 3, 3] output class logits, which are summed: `classifier_keys` names the four and PFA
 mixes each row by row, one row of D*9 per class. `classifier_key` is "aspp.0.weight", the rate-6 branch

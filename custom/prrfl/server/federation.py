@@ -4,7 +4,7 @@
 the run's first `ServerState`; `round` turns one round's uploads and the current state into the next
 state, one `Download` per site that was aggregated, and a `RoundSummary` (who was aggregated, who was
 rejected and why, who was missing). Neither touches the network or the disk, and neither mutates its
-input state: the FLARE controller (prrfl.flare.workflow) only moves messages, applies deadlines, saves
+input state: the FLARE controller (prrfl.flare.server_workflow) only moves messages, applies deadlines, saves
 the state and tracks the round, and the round logic is tested in-process (tests/test_federation.py).
 
 What can go wrong is returned, not raised: `Outcome.events` are the log lines of the step (level, text)

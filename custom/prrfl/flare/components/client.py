@@ -39,7 +39,8 @@ class PersonalizedPair(det.DeputyPair):
 
     l1 <= l2: the phase thresholds on deputy_score / personal_score (`det.next_phase`; higher scores are
     better). local_keys: state-dict keys that never leave the client and are never overwritten by a
-    download (default: the deputy's BatchNorm parameters and buffers, FedBN style).
+    download (default: the deputy's BatchNorm parameters and buffers, FedBN style). phases: the DET phases
+    allowed (default all three; `det.allowed_phase`).
     """
 
     def receive(self, input_model: FLModel) -> bool:

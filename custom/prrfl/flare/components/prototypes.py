@@ -5,7 +5,7 @@ A client sends, in its result's meta, the mean embedding of each class over its 
 class counts (`CLASS_COUNTS`, [C] ints). The server's `PrototypeExchange` turns a round's results into
 global statistics: the summed class counts (`GLOBAL_CLASS_COUNTS`) and a sample of the global prototype of
 each class (`GLOBAL_PROTOTYPES`, `GLOBAL_PROTOTYPE_PRESENT`), drawn from N(mean, std^2) over the clients'
-prototypes (`prrfl.algorithms.prototypes.sample_global_prototypes`). These go into the meta of every
+prototypes (`prrfl.algorithms.class_prototypes.sample_global_prototypes`). These go into the meta of every
 client's next model. Only [C, D] means and counts travel, never an embedding of a sample.
 
 Client side: `PrototypeTracker` accumulates the prototypes and attaches them to the result;
@@ -14,18 +14,16 @@ Client side: `PrototypeTracker` accumulates the prototypes and attaches them to 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from nvflare.apis.fl_component import FLComponent
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from prrfl.algorithms import prototypes as prototypes_core
-from prrfl.algorithms.prototypes import StdKind
+from prrfl.algorithms import class_prototypes
+from prrfl.algorithms.class_prototypes import StdKind
 from prrfl.keys import CLASS_COUNTS, GLOBAL_CLASS_COUNTS, GLOBAL_PROTOTYPE_PRESENT, GLOBAL_PROTOTYPES, PROTOTYPE_PRESENT, PROTOTYPES
-from prrfl.server import prototypes
+from prrfl.server import class_statistics
 
 __all__ = [  # the keys are re-exported from their table, prrfl.keys
     "CLASS_COUNTS",
@@ -40,18 +38,18 @@ __all__ = [  # the keys are re-exported from their table, prrfl.keys
 ]
 
 
-class PrototypeExchange(FLComponent, prototypes.PrototypeExchange):
+class PrototypeExchange(FLComponent, class_statistics.PrototypeExchange):
     """Server side: global class counts and sampled global prototypes from a round's client results, as a
-    FLARE component (the exchange itself is prrfl.server.prototypes.PrototypeExchange, which prrfl's PRR
+    FLARE component (the exchange itself is prrfl.server.class_statistics.PrototypeExchange, which prrfl's PRR
     runs). std, std_floor, seed and per_client: see there."""
 
     def __init__(self, std: StdKind = "biased", std_floor: float = 0.0, seed: int = 0, per_client: bool = False):
         FLComponent.__init__(self)
-        prototypes.PrototypeExchange.__init__(self, std, std_floor, seed, per_client)
+        class_statistics.PrototypeExchange.__init__(self, std, std_floor, seed, per_client)
 
 
-class PrototypeTracker(prototypes_core.PrototypeTracker):
-    """Client side: per-class mean embeddings (`prrfl.algorithms.prototypes.PrototypeTracker`: reset each local
+class PrototypeTracker(class_prototypes.PrototypeTracker):
+    """Client side: per-class mean embeddings (`prrfl.algorithms.class_prototypes.PrototypeTracker`: reset each local
     epoch, update per training batch), attached to the result's meta before `flare.send`."""
 
     def attach(self, model: FLModel, class_counts: Sequence[int] | torch.Tensor) -> FLModel:
@@ -60,25 +58,10 @@ class PrototypeTracker(prototypes_core.PrototypeTracker):
         return model
 
 
-@dataclass
-class GlobalStatistics:
-    """What the server sent a client: global class counts [C] and global prototypes [C, D] with their
-    presence [C]; each None when the received model carries none (e.g. in the first round)."""
-
-    class_counts: torch.Tensor | None = None
-    prototypes: torch.Tensor | None = None
-    present: torch.Tensor | None = None
-
-    @classmethod
-    def from_meta(cls, meta: Mapping[str, Any] | None) -> GlobalStatistics:
-        meta = meta or {}
-        counts = meta.get(GLOBAL_CLASS_COUNTS)
-        protos = meta.get(GLOBAL_PROTOTYPES)
-        return cls(
-            class_counts=None if counts is None else torch.tensor(counts, dtype=torch.long),
-            prototypes=None if protos is None else torch.tensor(protos, dtype=torch.float64),
-            present=None if protos is None else torch.tensor(meta[GLOBAL_PROTOTYPE_PRESENT], dtype=torch.bool),
-        )
+class GlobalStatistics(class_statistics.GlobalStatistics):
+    """Client side: what the server sent a client (`prrfl.server.class_statistics.GlobalStatistics`, the reader prrfl's
+    own sites use): global class counts [C] and global prototypes [C, D] with their presence [C]; each None when
+    the received model carries none (e.g. in the first round)."""
 
     @classmethod
     def from_model(cls, model: FLModel) -> GlobalStatistics:

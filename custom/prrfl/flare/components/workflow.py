@@ -35,7 +35,7 @@ from prrfl.flare.places import differences
 from prrfl.keys import CLASS_COUNTS, PROTOTYPES
 from prrfl.server.aggregation import add_difference, as_tensors
 from prrfl.server.checks import params_problem
-from prrfl.server.prototypes import usable_statistics
+from prrfl.server.class_statistics import usable_statistics
 from prrfl.storage import load_torch, save_torch
 
 MODELS_DIR = "models"  # under the job's run dir on the server: <client>.pt per client
@@ -293,7 +293,7 @@ class PersonalizedFedAvg(PerClientController):
     def _statistics(self, results: Mapping[str, FLModel], accepted: list[str], round_idx: int) -> dict[str, dict[str, Any]]:
         """The accepted clients' metas for the prototype exchange; a client that sent no class counts or
         prototypes, or unusable ones (malformed, or of another number of classes or width than the round's
-        others: `prrfl.server.prototypes.usable_statistics`), is named in a warning and those are left out."""
+        others: `prrfl.server.class_statistics.usable_statistics`), is named in a warning and those are left out."""
         metas = {client: dict(results[client].meta or {}) for client in accepted}
         for client, meta in metas.items():
             lacking = [key for key in (CLASS_COUNTS, PROTOTYPES) if key not in meta]

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 import yaml
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "workspace_templates"
+TEMPLATES = Path(__file__).resolve().parents[3] / "workspace_templates"
 POC_TEMPLATE = TEMPLATES / "poc" / "project.yml"
 PROJECT_ADMIN_ROLE = "project_admin"
 # template site name -> cohort of the derm task (the sites are named after their cohorts)

@@ -1,7 +1,7 @@
 """Every prrfl job as one NVIDIA FLARE 2.9 Recipe, run unchanged on SimEnv, PocEnv and ProdEnv.
 
     from nvflare.recipe import SimEnv
-    from prrfl.flare.recipe import PersonalizedRecipe
+    from prrfl.flare.job_recipe import PersonalizedRecipe
 
     recipe = PersonalizedRecipe(task="derm", method="prr")          # or job="derm_prr_paper", overrides={...}
     run = recipe.execute(SimEnv(num_clients=4, workspace_root="workspace"))
@@ -52,17 +52,17 @@ from nvflare.recipe.poc_env import PocEnv
 from nvflare.recipe.spec import ExecEnv, Recipe
 
 from prrfl.config import ConfigError, RunConfig, unknown_names_error
-from prrfl.deploy import free_ports, kill_process_trees
 from prrfl.errors import CommandFailed
 from prrfl.flare import places
 from prrfl.flare.cross_site import COMPONENT_ID as CROSS_SITE_ID
 from prrfl.flare.cross_site import CrossSiteEvaluation
+from prrfl.flare.deployment import free_ports, kill_process_trees
 from prrfl.flare.job_log import JobLogFollower, poc_server_log
 from prrfl.flare.jobs import JOBS, job_values
 from prrfl.flare.liveness import SIMULATOR_WORKER
-from prrfl.flare.protocol import TASK_TRAIN
+from prrfl.flare.server_workflow import STATE_FILE, PersonalizedWorkflow, resume_refusal
+from prrfl.flare.task_protocol import TASK_TRAIN
 from prrfl.flare.tracking import RECEIVER_ID, TRACKING, receiver
-from prrfl.flare.workflow import STATE_FILE, PersonalizedWorkflow, resume_refusal
 from prrfl.registry import validate_job
 from prrfl.server.federation import ServerState
 from prrfl.storage import load_torch
@@ -498,7 +498,7 @@ def end_interrupted_run(env: ExecEnv, name: str, signals: list[int]) -> None:
 
 def refuse_another_runs_state(recipe: PersonalizedRecipe, env: SimEnv) -> None:
     """Before a simulator starts: a resume from a saved server state this job cannot continue (another run's, or
-    too few of its sites among the simulator's: prrfl.flare.workflow.resume_refusal) is refused in one line that
+    too few of its sites among the simulator's: prrfl.flare.server_workflow.resume_refusal) is refused in one line that
     names the state file and what differs. Inside the simulator the workflow would refuse it too, but the command
     would end on the simulator's exit code. An unreadable state is left to the workflow (it falls back to the
     previous round's or says what to do)."""

@@ -26,7 +26,7 @@ from nvflare.fuel.utils.memory_utils import cleanup_memory
 
 from prrfl.config import ConfigError, RunConfig
 from prrfl.flare import places, sim_race
-from prrfl.flare import protocol as P
+from prrfl.flare import task_protocol as P
 from prrfl.flare.components.controller import Answers, PerClientController
 from prrfl.flare.cross_site import COMPONENT_ID as CROSS_SITE_ID
 from prrfl.flare.liveness import AUTO, Deadline

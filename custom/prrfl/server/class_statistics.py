@@ -5,18 +5,21 @@ Each site sends, in its result's meta, the mean embedding of each class over its
 class counts (`CLASS_COUNTS`, [C] ints); prrfl.keys names them. `PrototypeExchange` turns a round's metas
 into global statistics: the summed class counts (`GLOBAL_CLASS_COUNTS`) and a sample of the global prototype
 of each class (`GLOBAL_PROTOTYPES`, `GLOBAL_PROTOTYPE_PRESENT`), drawn from N(mean, std^2) over the sites'
-prototypes (`prrfl.algorithms.prototypes.sample_global_prototypes`). Only [C, D] means and counts travel,
-never an embedding of a sample.
+prototypes (`prrfl.algorithms.class_prototypes.sample_global_prototypes`). Only [C, D] means and counts travel,
+never an embedding of a sample. `download_meta` writes the global prototypes into a download's meta and
+`GlobalStatistics.from_meta` reads them back at a site: prrfl's methods (prrfl.methods.prototype_exchange) and
+a FLARE client (prrfl.flare.components.GlobalStatistics.from_model) alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from prrfl.algorithms.prototypes import STD_KINDS, StdKind, sample_global_prototypes
+from prrfl.algorithms.class_prototypes import STD_KINDS, StdKind, sample_global_prototypes
 from prrfl.keys import CLASS_COUNTS, GLOBAL_CLASS_COUNTS, GLOBAL_PROTOTYPE_PRESENT, GLOBAL_PROTOTYPES, PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.server.checks import class_counts_problem, prototype_problem, round_value
 
@@ -62,8 +65,31 @@ def usable_statistics(metas: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str,
 
 
 def download_meta(global_protos: torch.Tensor, global_present: torch.Tensor) -> dict[str, Any]:
-    """Global prototypes [C, D] and their presence [C] as they travel to a site."""
+    """Global prototypes [C, D] and their presence [C] as they travel to a site (`GlobalStatistics.from_meta` reads
+    them there)."""
     return {GLOBAL_PROTOTYPES: global_protos.tolist(), GLOBAL_PROTOTYPE_PRESENT: global_present.tolist()}
+
+
+@dataclass
+class GlobalStatistics:
+    """What the server sent a site: global class counts [C] and global prototypes [C, D] with their
+    presence [C]; each None when the download carries none (e.g. in the first round)."""
+
+    class_counts: torch.Tensor | None = None
+    prototypes: torch.Tensor | None = None
+    present: torch.Tensor | None = None
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any] | None) -> GlobalStatistics:
+        """The statistics in a download's meta: counts as long, prototypes as float64, presence as bool."""
+        meta = meta or {}
+        counts = meta.get(GLOBAL_CLASS_COUNTS)
+        protos = meta.get(GLOBAL_PROTOTYPES)
+        return cls(
+            class_counts=None if counts is None else torch.tensor(counts, dtype=torch.long),
+            prototypes=None if protos is None else torch.tensor(protos, dtype=torch.float64),
+            present=None if protos is None else torch.tensor(meta[GLOBAL_PROTOTYPE_PRESENT], dtype=torch.bool),
+        )
 
 
 class PrototypeExchange:
