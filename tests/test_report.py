@@ -549,3 +549,82 @@ def test_the_other_model_of_a_run_gets_rows_of_its_own_selected_by_the_same_rule
     report = build_report([tmp_path], tmp_path / "report").read_text()
     assert "prr: its reported model (personal)" in report
     assert "| prr/deputy | deputy | 0 |" in report  # the runs table names the model
+
+
+def test_the_retrogress_legend_names_exactly_the_bars_drawn():
+    """One legend entry per series of bars drawn, in its colour: the reported models' bars alone, or with the
+    shared models' beside them; no entry names a colour that no bar has (PRR's reported bar is 0 high)."""
+    import matplotlib.colors
+    import matplotlib.pyplot as plt
+
+    from prrfl.report.figures import retrogress_figure
+
+    summary = {"prr": (0.0, 0.0, 8), "fedavg": (5.5, 1.2, 8), "fedbn": (3.0, 2.0, 8)}
+    for shared in (None, {"prr": (28.3, 30.9, 8), "fedavg": (5.5, 1.2, 8)}):
+        fig = retrogress_figure(summary, "prr", "f1", shared)
+        ax = fig.axes[0]
+        bars = [c for c in ax.containers if isinstance(c, matplotlib.container.BarContainer)]
+        legend = ax.get_legend()
+        assert [t.get_text() for t in legend.get_texts()] == [c.get_label() for c in bars]
+        assert len(bars) == (2 if shared else 1) and [len(c) for c in bars] == [3, 2][: len(bars)]
+        for handle, series in zip(legend.legend_handles, bars):
+            colours = {matplotlib.colors.to_hex(patch.get_facecolor()) for patch in series}
+            assert colours == {matplotlib.colors.to_hex(handle.get_facecolor())}  # one colour a series, the legend's
+        assert "reference: prr" in ax.get_xlabel() and "green" not in ax.get_xlabel()
+        plt.close(fig)
+
+
+def test_the_overlays_title_and_colour_legend_stand_clear_of_the_slices(workspaces, tmp_path):
+    """Each run's examples drawn as contours in the colour-blind-safe pair the title and the legend name; the
+    title above every slice and its column heading, the legend below them, also with as many rows as the held-out
+    bench has (a tall figure is where a title laid out by tight_layout fell onto the first row); only the reported
+    model's rows (the examples are its own): no 'prr/deputy' row although PRR's runs scored D."""
+    import matplotlib.colors
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from prrfl.report.figures import PREDICTION_COLOUR, TRUTH_COLOUR, overlays_figure, plot_overlays
+
+    variants = []
+    for k in range(14):  # 16 rows in all: FedAvg under 14 option settings beside PRR and FedAvg
+        ws = tmp_path / f"variant_{k}"
+        write_run(ws, "fedavg", 0, run_id=f"variant{k}")
+        for path in ws.glob("site-*/prrfl/*/results.json"):
+            path.write_text(json.dumps({**json.loads(path.read_text()), "method_args": {"mu": k}}))
+        variants.append(ws)
+    truth = np.zeros((1, 32, 32), dtype=np.uint8)
+    truth[0, 8:20, 8:20] = 1
+    for ws in [*workspaces, *variants]:
+        for path in ws.glob("site-*/prrfl/*/results.json"):
+            image = np.full((1, 32, 32), 100, dtype=np.uint8)
+            np.savez_compressed(path.parent / "examples.npz", image=image, truth=truth, prediction=np.roll(truth, 3, axis=2))
+            if ws.name.startswith("prr_"):
+                results = json.loads(path.read_text())
+                for h in results["history"]:
+                    if h["kind"] == "round":
+                        h["other_models"] = {"deputy": {"valid": metrics(50.0), "test": metrics(60.0)}}
+                path.write_text(json.dumps(results))
+    results = find_results([*workspaces, *variants])
+    order = method_order(results, None, "prr")
+    assert "prr/deputy" in order
+    fig = overlays_figure(results, order, ["A", "B", "C", "D"])
+    assert [ax.get_ylabel() for ax in fig.axes if ax.get_ylabel()] == [m for m in order if m != "prr/deputy"]
+    assert len(order) == 17
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == ["A", "B", "C", "D"]
+    colours = {matplotlib.colors.to_hex(c) for ax in fig.axes for cs in ax.collections for c in cs.get_edgecolor()}
+    assert colours == {matplotlib.colors.to_hex(TRUTH_COLOUR), matplotlib.colors.to_hex(PREDICTION_COLOUR)}
+    [legend] = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["ground truth (sky blue)", "prediction (orange)"]
+    assert [matplotlib.colors.to_hex(h.get_color()) for h in legend.legend_handles] == [
+        matplotlib.colors.to_hex(TRUTH_COLOUR),
+        matplotlib.colors.to_hex(PREDICTION_COLOUR),
+    ]
+    assert "sky blue" in fig.get_suptitle() and "orange" in fig.get_suptitle()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    slices = [ax.get_tightbbox(renderer) for ax in fig.axes]  # each slice with its column heading and row label
+    assert fig._suptitle.get_window_extent(renderer).y0 >= max(b.y1 for b in slices)
+    assert legend.get_window_extent(renderer).y1 <= min(b.y0 for b in slices)
+    plt.close(fig)
+    written = plot_overlays(results, order, tmp_path / "overlays.jpg", ["A", "B", "C", "D"])
+    assert written == tmp_path / "overlays.jpg" and matplotlib.image.imread(written).shape[2] == 3

@@ -57,6 +57,7 @@ class SiteResult:
     reported_model: str | None = None  # the role whose metrics these are (PRR: "personal"); None: not recorded
     select_from_round: int = 0  # the first round the best-on-validation selection considered
     reported_at: str = "round"  # "download": the global model as received (prrfl.site.trainer.record_download)
+    other_model: bool = False  # a model the run scored beside its reported one (`other_model_results`): the run's files are not its
 
     @classmethod
     def load(cls, path: Path) -> SiteResult | None:
@@ -106,7 +107,7 @@ class SiteResult:
                 best = {"round": h["round"], "valid": h["valid"], "test": h["test"]}
         role = role or self.reported_model
         return dataclasses.replace(
-            self, method=method, best=best, last=own[-1], ood=None, history=own, reported_model=role, reported_at="round"
+            self, method=method, best=best, last=own[-1], ood=None, history=own, reported_model=role, reported_at="round", other_model=True
         )
 
     def identity(self) -> dict[str, Any]:
