@@ -153,28 +153,30 @@ def test_the_server_cores_load_no_nvflare_module():
     """The server's cores, the round logic and the site-side cores the FLARE components wrap (the DET pair, the prototype
     tracker) are FLARE-free: importing them (and every method) loads no nvflare module."""
     code = (
-        "import sys, prrfl.server.aggregation, prrfl.server.checks, prrfl.server.class_statistics, prrfl.server.federation, "
-        "prrfl.keys, prrfl.registry, prrfl.methods.prr, prrfl.site.trainer, prrfl.algorithms.det, prrfl.algorithms.class_prototypes; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'nvflare'))"
+        "import prrfl.server.aggregation, prrfl.server.checks, prrfl.server.class_statistics, prrfl.server.federation, "
+        "prrfl.keys, prrfl.registry, prrfl.methods.prr, prrfl.site.trainer, prrfl.algorithms.det, prrfl.algorithms.class_prototypes"
     )
+    assert packages_loaded(code, "nvflare") == []
+
+
+def packages_loaded(code: str, package: str) -> list[str]:
+    """The modules of `package` that running `code` in a fresh interpreter (this checkout's prrfl) has loaded."""
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] == {package!r}))"
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     )
-    assert out.stdout.strip() == "[]"
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
 
 
 def test_a_server_building_a_dermoscopy_task_loads_no_torchvision():
     """A FLARE server builds its task (metrics, cohorts, the reference model) but never augments: torchvision, whose
     import costs seconds of CPU (it loads torch._dynamo), waits for the first blurred batch of a site."""
     code = (
-        "import sys; from prrfl.config import RunConfig; from prrfl.registry import build_task, build_method; "
+        "from prrfl.config import RunConfig; from prrfl.registry import build_task, build_method; "
         "cfg = RunConfig.from_dict({'task': 'derm', 'method': 'prr'}); task = build_task(cfg); build_method(cfg, task); "
-        "task.build_model(); print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))"
+        "task.build_model()"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
-    )
-    assert out.stdout.strip() == "[]", out.stdout
+    assert packages_loaded(code, "torchvision") == []
 
 
 def test_no_two_modules_of_the_flare_glue_share_a_file_name():

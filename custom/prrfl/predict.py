@@ -41,7 +41,7 @@ import torch
 
 from prrfl.errors import error_message
 from prrfl.inference import SavedModel, card_path, load_saved_model
-from prrfl.progress import duration
+from prrfl.progress import duration, time_left
 from prrfl.storage import save_text
 from prrfl.tasks.prostate.layout import MASK_TAGS, NIFTI_SUFFIXES, nifti_stem
 
@@ -121,8 +121,7 @@ class Progress:
             return
         self.last = now
         elapsed = now - self.start
-        left = elapsed / done * (self.total - done)
-        self.report(f"predict: {done}/{self.total} {self.noun}, {duration(elapsed)}, about {duration(left)} left")
+        self.report(f"predict: {done}/{self.total} {self.noun}, {duration(elapsed)}, {time_left(elapsed, done, self.total)}")
 
 
 @dataclass

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from prrfl.flare.console import PLUMBING_MESSAGES
+
 # "<date> <time> - <logger> - <LEVEL> - [<FLARE's context>] - <message>", the format of FLARE's log files
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d (?P<time>\d\d:\d\d:\d\d),\d+ - (?P<name>\S+) - (?P<level>[A-Z]+) - (?:\[[^\]]*\] - )?(?P<msg>.*)$")
 COMPONENTS = frozenset({"PersonalizedWorkflow", "CrossSiteEvaluation"})  # the server-side prrfl components, as FLARE names their loggers
-PLUMBING = ("Sending task ",)  # FLARE's base controller, through the workflow's logger
 
 
 def progress_line(line: str) -> tuple[bool, str | None]:
@@ -28,7 +29,7 @@ def progress_line(line: str) -> tuple[bool, str | None]:
     if match is None:
         return False, None
     name, msg = match["name"], match["msg"]
-    if (name in COMPONENTS or name.startswith("prrfl")) and not msg.startswith(PLUMBING):
+    if (name in COMPONENTS or name.startswith("prrfl")) and not msg.startswith(PLUMBING_MESSAGES):
         level = "" if match["level"] == "INFO" else f"{match['level']}: "
         return True, f"[{match['time']}] {level}{msg}"
     return True, None
