@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Calibration runs of the synthetic federations' site shift (`data.synthetic_shift`): the papers' baselines only
-# (FedAvg, FedBN, SiloBN, FedProx, IDA; never PRR or another method the bench judges), one `prrfl sweep` per
+# (derm and prostate: FedAvg, FedBN, SiloBN, FedProx, IDA, TMI's; isic2019: Local, FedAvg, FedProx, FCA's Table 4
+# baselines; never PRR or another method a bench judges), one `prrfl sweep` per
 # (task, shift), all of them side by side, each running its methods one after the other. Each federation is built
 # first (all of them at once, WORKERS processes each). Every run keeps its results.json with the settings it ran under.
 #
 #   SHIFTS="1 2 3" TASKS="derm prostate" SEEDS=0 PROFILE=bench bash benchmarks/shift_grid.sh <workdir>
 #
-# METHODS (default "fedavg,fedbn,silobn,fedprox,ida") and EXTRA (more `--set KEY=VALUE` for every run, e.g.
-# "--set num_rounds=1") may be set too. EACH_METHOD=1 runs one sweep per (task, shift, method), all side by side
+# METHODS (default: every baseline of the task; a method outside them is refused) and EXTRA (more `--set KEY=VALUE` for every run, e.g.
+# "--set num_rounds=1"; "--set class_loss=balanced_softmax", FCA's loss) may be set too. EACH_METHOD=1 runs one sweep per (task, shift, method), all side by side
 # (a machine with many cores and a GPU), each in <workdir>/<task>_shift<s>.<method> until it ends, then moved in
 # beside the others. WORKERS (default 2): processes per federation build. `prrfl report <workdir>/<task>_shift<s>/*_s[0-9]` tables each (task, shift).
 set -euo pipefail
@@ -16,12 +17,22 @@ SHIFTS=${SHIFTS:-1 2 3}
 TASKS=${TASKS:-derm prostate}
 SEEDS=${SEEDS:-0}
 PROFILE=${PROFILE:-bench}
-METHODS=${METHODS:-fedavg,fedbn,silobn,fedprox,ida}
+METHODS=${METHODS:-}
 EXTRA=${EXTRA:-}
 PY=${PYTHON:-python3}
 mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 PRRFL_CACHE=${PRRFL_CACHE:-$WORK/cache}
-case " $METHODS " in *prr*|*fml*|*fedproto*|*fca*|*harmofl*) echo "shift_grid.sh calibrates on the baselines only, not $METHODS" >&2; exit 2 ;; esac
+baselines() {  # the baselines a task's calibration may run: the methods its paper's table compares against
+  case "$1" in
+    isic2019) echo "local,fedavg,fedprox" ;;
+    *) echo "fedavg,fedbn,silobn,fedprox,ida" ;;
+  esac
+}
+for task in $TASKS; do
+  for m in ${METHODS//,/ }; do
+    case ",$(baselines "$task")," in *",$m,"*) ;; *) echo "shift_grid.sh calibrates $task on its baselines only ($(baselines "$task")), not $m" >&2; exit 2 ;; esac
+  done
+done
 pids=()
 for task in $TASKS; do
   for s in $SHIFTS; do
@@ -34,11 +45,12 @@ for p in "${pids[@]}"; do wait "$p"; done
 echo "federations built: $(date -u +%T)"
 pids=()
 for task in $TASKS; do
-  sites=$([ "$task" = prostate ] && echo 5 || echo 4)
+  sites=$($PY -c "from prrfl.registry import task_class; print(len(task_class('$task').site_names))")
+  methods=${METHODS:-$(baselines "$task")}
   for s in $SHIFTS; do
-    if [ "${EACH_METHOD:-0}" = 1 ]; then groups=${METHODS//,/ }; else groups=$METHODS; fi
+    if [ "${EACH_METHOD:-0}" = 1 ]; then groups=${methods//,/ }; else groups=$methods; fi
     for m in $groups; do
-      tag=$([ "$m" = "$METHODS" ] && echo "" || echo ".$m")
+      tag=$([ "$m" = "$methods" ] && echo "" || echo ".$m")
       $PY -m prrfl.cli sweep --task "$task" --profile "$PROFILE" --methods "$m" --seeds "$SEEDS" --sites "$sites" \
         --workspace "$WORK/${task}_shift$s$tag" --set data.synthetic_shift="$s" $EXTRA > "$WORK/sweep_${task}_shift$s$tag.log" 2>&1 &
       pids+=($!)
