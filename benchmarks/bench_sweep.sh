@@ -8,9 +8,14 @@
 # PLAN=heldout (default; docs/results/heldout): the held-out bench on the calibrated federations (docs/calibration.md),
 # at each task's default data: every method of TMI Tables II and III (FedAvg, FedProx, SiloBN, IDA, FedBN, FedProto,
 # FML, PRR) plus FCA (dermoscopy) and HarmoFL, and the three PRR ablations of Table IV on dermoscopy
-# (heldout/derm_ablation). The five baselines' runs of the calibration are this bench's runs of them: a baseline run
+# (heldout/derm_ablation); and on Fed-ISIC2019 (TASKS=isic2019, heldout/isic2019) FCA's Table 4: every framework
+# trained with balanced softmax as FCA trains them (heldout/isic2019/bsm: Local, FedAvg, FedProx, MOON, CReFF,
+# BalanceFL, FedRep, FedBABU, and PRR, FML, FedProto, FedBN, HarmoFL), and with its own loss where that loss is its
+# rule (heldout/isic2019/own: FCA, FedLC, FedRS, PRR with its CPA as the paper specifies it, FedAvg with cross
+# entropy). The five baselines' runs of the calibration are this bench's runs of them: a baseline run
 # kept in docs/results/calibration/bench/cpu/<task>_shift<default>/ is read from there, not run again (CALIBRATION
-# names another folder of that layout, e.g. a GPU's). A kept run counts only when it ran with the config the run
+# names another folder of that layout, e.g. a GPU's); on isic2019 the runs of Table 4's baselines kept by
+# benchmarks/isic2019_calibration.sh (docs/results/isic2019_calibration/<loss>/isic2019_shift<default>/). A kept run counts only when it ran with the config the run
 # would have now (benchmarks/kept_run_matches.py: the schedule, the data, the method's options); otherwise it runs.
 # PLAN=core / PLAN=full (docs/results/bench): the bench made on the federations before the calibration (prostate
 # shift 1, its FedAvg and FedBN scored after their local epochs). Its runs record the commit they ran with
@@ -43,7 +48,7 @@ parallel=${PARALLEL:-1}  # runs side by side (a GPU machine): each in a workspac
 plan=${PLAN:-heldout}
 results=${RESULTS:-$repo/docs/results}
 calibration=${CALIBRATION:-$results/calibration/bench/cpu}  # the calibration's runs at the bench's schedule
-tasks=${TASKS:-prostate derm}  # both calibrated (docs/calibration.md)
+tasks=${TASKS:-prostate derm}  # calibrated (docs/calibration.md); isic2019 too, when named
 ablations=${ABLATIONS:-1}  # 0: leave out Table IV's PRR ablations (dermoscopy)
 case "$plan" in
   heldout) plan_folder=heldout ;;
@@ -61,6 +66,7 @@ reports() {  # each folder's report from every run kept so far (a sweep's own re
   if [ "$plan_folder" = heldout ]; then
     for task in $tasks; do
       local found=("$r/$task"/*_s[0-9]$kept "$calibration/${task}_shift$(default_shift "$task")"/*_s[0-9]$kept) runs=() m
+      [ "$task" = isic2019 ] && found=("$r/$task"/*/*_s[0-9]$kept "$(fca_calibration bsm)"/*_s[0-9]$kept "$(fca_calibration ce)"/*_s[0-9]$kept)
       for m in "${found[@]}"; do [ -f "$m" ] && runs+=("$m"); done
       [ "${#runs[@]}" -gt 0 ] || continue
       prrfl report "${runs[@]}" --reference prr --out "$r/$task/report" > /dev/null
@@ -77,6 +83,10 @@ reports() {  # each folder's report from every run kept so far (a sweep's own re
   ls "$r"/derm_ablation/*/prr_s[0-9]$kept > /dev/null 2>&1 &&
     prrfl report "$r"/derm/prr_s[0-9]$kept "$r"/derm_ablation/*/prr_s[0-9]$kept --out "$r"/derm_ablation/report > /dev/null
   return 0
+}
+
+fca_calibration() {  # the isic2019 calibration's folder of a loss (bsm, ce)
+  echo "$results/isic2019_calibration/$1/isic2019_shift$(default_shift isic2019)"
 }
 
 declare -A shifts=()
@@ -106,6 +116,7 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
   shift 4
   local sites=4 ws=$sweeps/$folder dst=$results/$folder
   [ "$task" = prostate ] && sites=5
+  [ "$task" = isic2019 ] && sites=6
   local name=${method}_s$seed
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $method "* ]]; then return 0; fi
   local settings=() arg
@@ -116,6 +127,13 @@ run() {  # task seed method folder [--set KEY=VALUE ...]
   fi
   local cal=""  # a baseline's calibration run at the task's default shift counts as its bench run
   [[ " $baselines " == *" $method "* ]] && cal=$calibration/${task}_shift$(default_shift "$task")
+  if [ "$task" = isic2019 ]; then  # Table 4's baselines: the calibration's runs with the same loss
+    cal=""
+    case "$folder:$method" in
+      */bsm:local | */bsm:fedavg | */bsm:fedprox) cal=$(fca_calibration bsm) ;;
+      */own:fedavg) cal=$(fca_calibration ce) ;;
+    esac
+  fi
   if [ -n "$cal" ] && [ -f "$cal/$name$kept" ] &&
     python benchmarks/kept_run_matches.py "$cal/$name$kept" "$task" "$method" "$seed" "${settings[@]}"; then
     echo "$folder $name: kept by the calibration, skipped"
@@ -147,6 +165,13 @@ baselines="fedavg fedprox silobn ida fedbn"  # calibrated on (docs/calibration.m
 for task in $tasks; do default_shift "$task" > /dev/null; done  # read here: a command substitution's subshell would forget it
 for seed in $seeds; do
   for task in $tasks; do
+    if [ "$task" = isic2019 ]; then  # FCA's Table 4: the methods FCA compares, PRR, and TMI's methods
+      for method in fca prr fedrs fedlc fedavg; do run isic2019 "$seed" "$method" heldout/isic2019/own; done
+      for method in prr moon creff balancefl fedrep fedbabu fml fedproto fedbn harmofl local fedavg fedprox; do
+        run isic2019 "$seed" "$method" heldout/isic2019/bsm --set class_loss=balanced_softmax
+      done
+      continue
+    fi
     methods="$baselines fedproto fml prr harmofl"
     [ "$task" = derm ] && methods="$methods fca"
     for method in $methods; do run "$task" "$seed" "$method" heldout/$task; done

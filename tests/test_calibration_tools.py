@@ -184,3 +184,34 @@ def test_a_kept_run_counts_for_the_bench_only_with_the_config_the_bench_would_ru
     assert krm.main([str(tmp_path / "fedavg_s0.kept.json.gz"), "prostate", "fedavg", "1"]) == 1
     marker.write_text("not json")
     assert krm.main([str(marker), "prostate", "fedavg", "0"]) == 2
+
+
+def _fca_run(root: Path, loss: str, shift: str, method: str, seed: int, spec: float, gen: float) -> None:
+    """A run folder of benchmarks/isic2019_calibration.sh's layout holding only its crosseval.json."""
+    cross = root / loss / f"isic2019_shift{shift}" / f"{method}_s{seed}" / "prrfl" / f"isic2019_{method}_s{seed}" / "crosseval.json"
+    cross.parent.mkdir(parents=True)
+    values = {part: {"values": {"bacc": v, "auc": v + 10}} for part, v in (("specialization", spec), ("generalization", gen))}
+    cross.write_text(json.dumps(values))
+
+
+def test_the_fca_calibration_reads_table_4s_three_gaps_and_their_tolerances(tmp_path):
+    table = _benchmark("fca_calibration_table")
+    # seed 0 at shift 1: BSM - CE = 66 - 60 = +6 / 65 - 61 = +4 (Table 4: +6.0 / +5.9); Local - FedAvg = 67 - 66 = +1 /
+    # 30 - 65 = -35 (+0.5 / -35.3); FedProx - FedAvg = 66.5 - 66 = +0.5 / 66 - 65 = +1 (+0.5 / +0.7); the distance
+    # |6 - 6| + |4 - 5.9| + |1 - 0.5| + |-35 + 35.3| + |0.5 - 0.5| + |1 - 0.7| = 0 + 1.9 + 0.5 + 0.3 + 0 + 0.3 = 3.0
+    for seed, bump in ((0, 0.0), (1, 2.0)):
+        _fca_run(tmp_path, "ce", "1", "fedavg", seed, 60.0, 61.0)
+        _fca_run(tmp_path, "bsm", "1", "fedavg", seed, 66.0 + bump, 65.0)
+        _fca_run(tmp_path, "bsm", "1", "local", seed, 67.0, 30.0 + 10 * bump)
+        _fca_run(tmp_path, "bsm", "1", "fedprox", seed, 66.5, 66.0)
+    _fca_run(tmp_path, "bsm", "2", "fedavg", 0, 50.0, 50.0)  # a shift without its other runs: no distance
+    text = "\n".join(table.tables(table.runs(tmp_path)))
+    assert "| 1 | 0 | fedavg/bsm | 66.00 | 65.00 | 76.00 | 75.00 | 69.5 / 69.0 |" in text
+    assert "* shift 1, seed 0: FedAvg BSM - CE +6.00 / +4.00 (+6.0 / +5.9); Local - FedAvg +1.00 / -35.00 (+0.5 / -35.3); " in text
+    assert "FedProx - FedAvg +0.50 / +1.00 (+0.5 / +0.7); distance 3.00" in text
+    assert "* shift 2, seed 0: not every gap yet" in text
+    # over seeds 0 and 1: BSM - CE spec +6 and +8 (mean +7.00 ± 1.41, 1.0 from +6.0: met); Local gen 30 - 65 = -35
+    # and 50 - 65 = -15 (mean -25.00 ± 14.14: at least 20 below, met); FedProx spec +0.5 and -1.5 (mean -0.50, 1.0 from +0.5: met)
+    line = next(li for li in text.splitlines() if li.startswith("* shift 1: "))
+    assert "FedAvg BSM - CE (n=2; within 3 of Table 4's): spec +7.00 ± 1.41 (met), gen +4.00 ± 0.00 (met)" in line
+    assert "gen -25.00 ± 14.14 (met)" in line and "FedProx - FedAvg (n=2; within 2 of Table 4's): spec -0.50 ± 1.41 (met)" in line
