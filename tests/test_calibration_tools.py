@@ -215,3 +215,37 @@ def test_the_fca_calibration_reads_table_4s_three_gaps_and_their_tolerances(tmp_
     line = next(li for li in text.splitlines() if li.startswith("* shift 1: "))
     assert "FedAvg BSM - CE (n=2; within 3 of Table 4's): spec +7.00 ± 1.41 (met), gen +4.00 ± 0.00 (met)" in line
     assert "gen -25.00 ± 14.14 (met)" in line and "FedProx - FedAvg (n=2; within 2 of Table 4's): spec -0.50 ± 1.41 (met)" in line
+
+
+def test_fca_table4_puts_the_papers_figures_beside_ours_and_tests_against_fca_and_prr():
+    table = _benchmark("fca_table4")
+    bsm = 'fedavg[class_loss="balanced_softmax"]'
+
+    def protocol(method, seed, spec, gen):
+        per_site = {f"site-{i + 1}": {"bacc": v, "auc": 80.0} for i, v in enumerate(spec)}
+        return {
+            "method": method,
+            "seed": seed,
+            "specialization": {"per_site": per_site, "values": {"bacc": sum(spec) / len(spec), "auc": 80.0}},
+            "generalization": {"values": {"bacc": gen, "auc": 90.0}},
+        }
+
+    protocols = []
+    for seed in range(3):
+        protocols.append(protocol("fca", seed, [70.0 + seed, 60.0 + seed], 70.0 + seed))
+        protocols.append(protocol("prr", seed, [65.0, 55.0 + seed], 60.0 + 2 * seed))
+        protocols.append(protocol(bsm, seed, [60.0 + seed, 50.0], 66.0 + seed * seed))
+    text = table.table4(protocols)
+    row = next(li for li in text.splitlines() if f"(`{bsm}`)" in li)
+    # specialization per seed: (60 + s + 50) / 2 = 55, 55.5, 56 (mean 55.50, sample std 0.50); Table 4's FedAvg 69.5 / 69.0
+    assert row.startswith(
+        f"| FedAvg (`{bsm}`) | balanced softmax | 3 | 55.50 ± 0.50 | 67.67 ± 2.08 | 80.00 ± 0.00 | 90.00 ± 0.00 | 69.5 / 69.0 |"
+    )
+    # generalization against FCA: differences 66 - 70 = -4, 67 - 71 = -4, 70 - 72 = -2 over 3 seeds: paired t-test,
+    # t = -3.333 / (1.1547 / sqrt 3) = -5.0 with 2 dof: p = 0.0377
+    # specialization against FCA: 6 (site, seed) pairs, every one below (-10, -10, -10, -10, -11, -12): the exact
+    # two-sided Wilcoxon signed-rank p = 2 / 2^6 = 0.031; against PRR's P: 60 + s - 65 and 50 - 55 - s, all below
+    # again (0.031); generalization against P: 66 - 60, 67 - 62, 70 - 64 = 6, 5, 6: t = 5.667 / (0.577 / sqrt 3) = 17.0,
+    # p = 0.0034
+    assert row.endswith("| 0.031 / 0.038 | 0.031 / 0.0034 |")
+    assert next(li for li in text.splitlines() if "(`fca`)" in li).split("|")[-3].strip() == "–"  # FCA against itself
