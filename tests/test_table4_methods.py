@@ -29,7 +29,7 @@ def state(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("name", ["fedlc", "fedrs", "moon", "fedrep", "fedbabu"])
+@pytest.mark.parametrize("name", ["fedlc", "fedrs", "moon", "fedrep", "fedbabu", "balancefl", "creff"])
 def test_the_classification_methods_refuse_segmentation(name, tiny_seg_task):
     with pytest.raises(ConfigError, match=f"method '{name}' cannot run on task 'tinyseg'"):
         build_method(RunConfig(task="tinyseg", method=name), tiny_seg_task)

@@ -120,8 +120,8 @@ def test_min_sites_refuses_other_values(value):
 def test_task_and_method_names_come_from_the_registry():
     assert refused({"method": "fedavgg"}).endswith("got 'fedavgg' (did you mean 'fedavg'?)")
     assert refused({"method": "fedavgg"}).startswith(
-        "config field 'method' must be one of ['apfl', 'fca', 'fedavg', 'fedbabu', 'fedbn', 'fedeamc', 'fedfocal', 'fedlc', 'fedproto',"
-        " 'fedprox', 'fedrep', 'fedrs', 'fml', 'harmofl', 'ida', 'local', 'moon',"
+        "config field 'method' must be one of ['apfl', 'balancefl', 'creff', 'fca', 'fedavg', 'fedbabu', 'fedbn', 'fedeamc', 'fedfocal',"
+        " 'fedlc', 'fedproto', 'fedprox', 'fedrep', 'fedrs', 'fml', 'harmofl', 'ida', 'local', 'moon',"
     )
     assert refused({"task": "skin"}) == "config field 'task' must be one of ['derm', 'isic2019', 'prostate'], got 'skin'"
 

@@ -35,3 +35,12 @@ CLASS_COUNTS = "class_counts"  # [C] the training split's class counts
 GLOBAL_PROTOTYPES = "global_prototypes"
 GLOBAL_PROTOTYPE_PRESENT = "global_prototype_present"
 GLOBAL_CLASS_COUNTS = "global_class_counts"
+
+# CReFF's class gradients: client -> server, in a result's meta
+CLASS_GRADIENTS = "class_gradients"  # [C][P] each class's cross-entropy gradient w.r.t. the classifier's P parameters
+CLASS_GRADIENT_PRESENT = "class_gradient_present"  # [C] whether the site holds the class (its row is zero otherwise)
+GRADIENT_CLASSIFIER_ROUND = "gradient_classifier_round"  # the round whose re-trained classifier they were taken at (-1: round 0's)
+# server -> client, in the meta of its next model
+RETRAINED_CLASSIFIER = "retrained_classifier"  # [P] the classifier re-trained on the federated features
+RETRAINED_ROUND = "retrained_round"  # the round it was re-trained in
+MATCH_LOSS = "match_loss"  # [2] the gradient-matching loss before and after the features' steps

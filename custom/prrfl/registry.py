@@ -21,7 +21,9 @@ TASKS: dict[str, str] = {
 
 def _methods() -> dict[str, type[Method]]:
     from prrfl.methods.apfl import APFL
+    from prrfl.methods.balancefl import BalanceFL
     from prrfl.methods.body_head import FedBABU, FedRep
+    from prrfl.methods.creff import CReFF
     from prrfl.methods.fca import FCA
     from prrfl.methods.fedavg import FedAvg, FedBN, FedProx, SiloBN
     from prrfl.methods.fedproto import FedProto
@@ -37,7 +39,7 @@ def _methods() -> dict[str, type[Method]]:
     from prrfl.methods.prr_variants import PRRFL, FedeAMC, FedFocal
 
     classes = (PRR, PRRFL, FedAvg, FedProx, SiloBN, IDA, FedBN, FedProto, FML, PerFedAvg, PFedMe, APFL, FedeAMC, FedFocal, FCA, HarmoFL)
-    classes += (Local, FedLC, FedRS, MOON, FedRep, FedBABU)  # FCA's Table 4 competitors
+    classes += (Local, FedLC, FedRS, MOON, FedRep, FedBABU, BalanceFL, CReFF)  # FCA's Table 4 competitors
     return {cls.name: cls for cls in classes}
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import inspect
 import typing
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from prrfl.algorithms.losses import balanced_softmax_loss
 from prrfl.messages import Download, StateDict, Upload
 from prrfl.methods.view import SiteView
+from prrfl.numerics import prepare_model
 
 if TYPE_CHECKING:
     from prrfl.config import RunConfig
@@ -45,6 +47,9 @@ class Method:
     # A method with many options may declare them as a (frozen, self-checking) dataclass instead of
     # keyword parameters; its constructor then takes them as **options (PRR: `PRROptions`).
     options_class: ClassVar[type | None] = None
+    # the inputs of the batch `train_batch` is training (None outside it), for a method whose `losses` feed them to
+    # another model (MOON's frozen models, BalanceFL's teacher)
+    inputs: torch.Tensor | None = None
 
     def __init__(self, cfg: RunConfig, task: Task, **options: Any):
         self.cfg = cfg
@@ -155,6 +160,12 @@ class Method:
         """A new model of the global model's architecture (default: the method's model)."""
         return self.build_model()
 
+    def upload_meta_problem(self, upload: Upload) -> str | None:
+        """Why the server must refuse what a site of this method sends in `Upload.meta` beyond what every method's
+        upload is checked for (`prrfl.server.checks.upload_problem`), or None when it is usable. Default: nothing
+        more to check."""
+        return None
+
     def server_scalars(self, downloads: dict[str, Download]) -> dict[str, float]:
         """The method's server-side values of a round for the federation's tracking run (logged once,
         not per site), from the round's downloads. Default: none."""
@@ -169,13 +180,23 @@ class Method:
     def before_epoch(self, site: SiteView, epoch: int) -> None:
         pass
 
+    def train_batches(self, site: SiteView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The (inputs, targets) batches of one local epoch: by default the task's shuffled pass over the site's
+        training split, augmented (`Task.train_batches`); a method that samples its batches otherwise overrides it."""
+        return site.task.train_batches(site.train, self.cfg.batch_size, site.generator)
+
     def train_batch(self, site: SiteView, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         """One optimisation step on a batch; returns each trained model's loss, detached, on the model's device
         (the loop sums them there and reads them once per epoch: no wait for a GPU per batch). Default: forward
-        every role, sum `losses`, one backward, step every optimiser, then `after_batch`. Methods whose step
-        is not one gradient step of a summed loss (meta-learning, inner solvers) override this."""
+        every role, sum `losses` (with `inputs` at hand in `self.inputs`), one backward, step every optimiser, then
+        `after_batch`. Methods whose step is not one gradient step of a summed loss (meta-learning, inner solvers)
+        override this."""
         outputs = {role: site.models[role](inputs) for role in self.roles}
-        losses = self.losses(site, targets, outputs)
+        self.inputs = inputs
+        try:
+            losses = self.losses(site, targets, outputs)
+        finally:
+            self.inputs = None
         for opt in site.optimizers.values():
             opt.zero_grad(set_to_none=True)
         total = sum(losses.values())
@@ -230,6 +251,16 @@ def proximal_term(model: torch.nn.Module, anchor: dict[str, torch.Tensor], mu: f
     """(mu / 2) * ||theta - anchor||^2 over the model's parameters that `anchor` names (FedProx's and Ditto's pull);
     the anchor lies on the model's device (put there once per round, not per batch)."""
     return 0.5 * mu * sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters() if n in anchor)
+
+
+def frozen_copy(method: Method, state: dict[str, torch.Tensor], device: torch.device) -> torch.nn.Module:
+    """A model of the method holding `state` on `device`, with the run's numerics, in evaluation mode and without
+    gradients: a teacher or reference a site computes with but never trains. Built without touching the caller's RNG."""
+    with torch.random.fork_rng(devices=[]):
+        model = prepare_model(method.build_model().to(device), method.cfg)
+    model.load_state_dict(state)
+    model.eval().requires_grad_(False)
+    return model
 
 
 def check_finite(site: SiteView, loss: torch.Tensor) -> None:

@@ -24,7 +24,7 @@ def _own_class_term(name: str, cfg) -> None:
         raise ValueError(f"{name}'s rule is its classification loss; class_loss={cfg.class_loss} would replace it (use class_loss=method)")
 
 
-def _classification_only(name: str, task: Task) -> str | None:
+def classification_only(name: str, task: Task) -> str | None:
     if not isinstance(task, ClassificationTask):
         return f"{name}'s loss works on the class counts of a site's images (classification tasks)"
     return None
@@ -70,7 +70,7 @@ class FedLC(FedAvg):
 
     @classmethod
     def unsupported_reason(cls, task: Task) -> str | None:
-        return _classification_only("FedLC", task)
+        return classification_only("FedLC", task)
 
     def class_term(self, site, logits, targets):
         return calibrated_cross_entropy(logits, targets, site.class_counts, self.tau)
@@ -99,7 +99,7 @@ class FedRS(FedAvg):
 
     @classmethod
     def unsupported_reason(cls, task: Task) -> str | None:
-        return _classification_only("FedRS", task)
+        return classification_only("FedRS", task)
 
     def class_term(self, site, logits, targets):
         return F.cross_entropy(restricted_logits(logits, site.class_counts, self.alpha), targets)

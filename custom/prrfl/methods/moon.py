@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from prrfl.messages import Download
+from prrfl.methods.base import frozen_copy
 from prrfl.methods.fedavg import FedAvg
 from prrfl.methods.view import SiteView
-from prrfl.numerics import prepare_model
 from prrfl.tasks.classification import ClassificationTask
 
 if TYPE_CHECKING:
@@ -50,7 +50,6 @@ class MOON(FedAvg):
             raise ValueError(f"MOON options need mu >= 0 and temperature > 0, got {mu}, {temperature}")
         self.mu, self.temperature = mu, temperature
         self.frozen: dict[str, dict[str, torch.nn.Module]] = {}  # site -> {"global", "previous"}: rebuilt at each download
-        self.inputs: torch.Tensor | None = None  # the batch being trained (`losses` feeds it to the frozen models)
 
     @classmethod
     def unsupported_reason(cls, task: Task) -> str | None:
@@ -58,29 +57,15 @@ class MOON(FedAvg):
             return "MOON contrasts one embedding per image (classification tasks)"
         return None
 
-    def _frozen_copy(self, state: dict[str, torch.Tensor], device: torch.device) -> torch.nn.Module:
-        with torch.random.fork_rng(devices=[]):
-            model = prepare_model(self.build_model().to(device), self.cfg)
-        model.load_state_dict(state)
-        model.eval().requires_grad_(False)
-        return model
-
     def on_download(self, site: SiteView, download: Download, first: bool) -> None:
         model = site.models[self.upload_role]
         device = next(model.parameters()).device
         previous = None if first else {k: v.detach().clone() for k, v in model.state_dict().items()}
         super().on_download(site, download, first)
-        frozen = {"global": self._frozen_copy(model.state_dict(), device)}
+        frozen = {"global": frozen_copy(self, model.state_dict(), device)}
         if previous is not None:
-            frozen["previous"] = self._frozen_copy(previous, device)
+            frozen["previous"] = frozen_copy(self, previous, device)
         self.frozen[site.name] = frozen
-
-    def train_batch(self, site, inputs, targets):
-        self.inputs = inputs
-        try:
-            return super().train_batch(site, inputs, targets)
-        finally:
-            self.inputs = None
 
     def losses(self, site, targets, outputs):
         losses = super().losses(site, targets, outputs)

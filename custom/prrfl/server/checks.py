@@ -2,7 +2,8 @@
 the FLARE components alike (no FLARE import).
 
 A malformed or poisoned upload (wrong keys, shapes or dtypes, NaN/Inf, bad counts or prototypes, values
-that are not numbers at all) is rejected for the round with a reason; the others are aggregated as usual.
+that are not numbers at all, and what its method checks of its own meta: `Method.upload_meta_problem`) is
+rejected for the round with a reason; the others are aggregated as usual.
 So is an upload that disagrees with the round's others on what every upload must share (its keys, the
 width of its prototypes, the unit its weight is counted in: `round_value`), and one whose update (its
 difference to what the site was sent) is far larger than the round's others (`norm_outliers`): finite but
@@ -104,30 +105,40 @@ def prototype_problem(meta: Any, num_classes: int | None = None) -> str | None:
     """None when the meta carries no prototypes or well-formed ones (one row of finite numbers per class, rows
     of one length, a presence flag (bool) per class; `num_classes` None: as many as the rows), else a one-line
     reason."""
+    return class_rows_problem(meta, PROTOTYPES, PROTOTYPE_PRESENT, num_classes)
+
+
+def class_rows_problem(meta: Any, rows_key: str, present_key: str, num_classes: int | None = None, width: int | None = None) -> str | None:
+    """None when the meta carries nothing under `rows_key`, or one row of finite numbers per class (rows of one
+    length; `width`: that length) with a presence flag (bool) per class under `present_key`; `num_classes` None: as
+    many as the rows. Else a one-line reason naming the key (class prototypes, CReFF's class gradients)."""
     if not isinstance(meta, Mapping):
         return f"its meta is {type_of(meta)}, expected a dict"
-    if PROTOTYPES not in meta:
+    if rows_key not in meta:
         return None
-    protos = meta[PROTOTYPES]
-    present = meta.get(PROTOTYPE_PRESENT)
-    if not isinstance(protos, list):
-        return f"prototypes must be a list of rows, one per class, got {type_of(protos)}"
-    odd_row = next((row for row in protos if not isinstance(row, list)), None)
+    rows = meta[rows_key]
+    present = meta.get(present_key)
+    row_name = present_key.removesuffix("_present")
+    if not isinstance(rows, list):
+        return f"{rows_key} must be a list of rows, one per class, got {type_of(rows)}"
+    odd_row = next((row for row in rows if not isinstance(row, list)), None)
     if odd_row is not None:
-        return f"prototype rows must be lists of numbers, got {type_of(odd_row)}"
+        return f"{row_name} rows must be lists of numbers, got {type_of(odd_row)}"
     if num_classes is None:
-        num_classes = len(protos)
-    if len(protos) != num_classes:
-        return f"prototypes must have one row per class ({num_classes})"
+        num_classes = len(rows)
+    if len(rows) != num_classes:
+        return f"{rows_key} must have one row per class ({num_classes})"
     if not isinstance(present, list) or len(present) != num_classes or not all(isinstance(p, bool) for p in present):
-        return f"prototype_present must be a list of {num_classes} booleans"
-    if len({len(row) for row in protos}) != 1 or not protos[0]:
-        return "prototype rows have different lengths (or none)"
-    odd = next((v for row in protos for v in row if not is_number(v)), None)
+        return f"{present_key} must be a list of {num_classes} booleans"
+    if len({len(row) for row in rows}) != 1 or not rows[0]:
+        return f"{row_name} rows have different lengths (or none)"
+    if width is not None and len(rows[0]) != width:
+        return f"{row_name} rows must hold {width} numbers, got {len(rows[0])}"
+    odd = next((v for row in rows for v in row if not is_number(v)), None)
     if odd is not None:
-        return f"prototypes must be numbers, got {type_of(odd)} ({odd!r:.40})"
-    if any(not math.isfinite(v) for row in protos for v in row):
-        return "prototypes hold NaN or Inf"
+        return f"{rows_key} must be numbers, got {type_of(odd)} ({odd!r:.40})"
+    if any(not math.isfinite(v) for row in rows for v in row):
+        return f"{rows_key} hold NaN or Inf"
     return None
 
 

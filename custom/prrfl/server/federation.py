@@ -147,11 +147,13 @@ def new_run_id() -> str:
 
 class ServerMethod(Protocol):
     """What the round logic needs of a method (prrfl.methods.base.Method has it): its model, the entries that
-    travel, its aggregation, and its global model when it has one."""
+    travel, its check of its own upload meta, its aggregation, and its global model when it has one."""
 
     def build_model(self) -> torch.nn.Module: ...
 
     def shared_keys(self, model: torch.nn.Module) -> list[str]: ...
+
+    def upload_meta_problem(self, upload: Upload) -> str | None: ...
 
     def aggregate(self, uploads: list[Upload], round_idx: int, server: dict[str, Any]) -> dict[str, Download]: ...
 
@@ -267,6 +269,7 @@ class Federation:
         for site in self.in_cohort_order(state, answers.uploads):
             problem = upload_problem(answers.uploads[site], self.reference(), self.task)  # on the difference, before use
             problem = problem or summary_problem(answers.summaries.get(site, {}))
+            problem = problem or self.method.upload_meta_problem(answers.uploads[site])  # the method's own values
             if problem:
                 rejected[site] = problem
             else:

@@ -176,8 +176,9 @@ def check_can_join(site: SiteRuntime, download: Download, round_idx: int) -> Non
 
 
 def train_epoch(site: SiteRuntime, view: SiteView) -> dict[str, float]:
-    """One pass over the site's training split, in the task's batches; returns the mean loss of each
-    trained model. `view`: the site as the method's hooks see it. The batches' losses are summed where
+    """One pass over the site's training split, in the method's batches (`Method.train_batches`: the task's,
+    unless the method samples its own); returns the mean loss of each trained model. `view`: the site as the
+    method's hooks see it. The batches' losses are summed where
     they are, on the models' device, in float64 (the same numbers as summing them as Python floats), and read
     once, after the epoch, with the epoch's deferred finite checks (`LossCheck.settle`): on a GPU the host
     never waits for the device between batches."""
@@ -185,7 +186,7 @@ def train_epoch(site: SiteRuntime, view: SiteView) -> dict[str, float]:
     for role in method.roles:
         site.models[role].train()
     totals: dict[str, torch.Tensor] = {}
-    for inputs, targets in site.task.train_batches(train, site.cfg.batch_size, site.generator):
+    for inputs, targets in method.train_batches(view):
         for role, loss in method.train_batch(view, inputs, targets).items():
             weighted = loss.detach().double() * len(targets)
             totals[role] = totals[role] + weighted if role in totals else weighted
