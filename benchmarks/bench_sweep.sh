@@ -10,9 +10,9 @@
 # FML, PRR) plus FCA (dermoscopy) and HarmoFL, and the three PRR ablations of Table IV on dermoscopy
 # (heldout/derm_ablation); and on Fed-ISIC2019 (TASKS=isic2019, heldout/isic2019) FCA's Table 4: every framework
 # trained with balanced softmax as FCA trains them (heldout/isic2019/bsm: Local, FedAvg, FedProx, MOON, CReFF,
-# BalanceFL, FedRep, FedBABU, and PRR, FML, FedProto, FedBN, HarmoFL), and with its own loss where that loss is its
-# rule (heldout/isic2019/own: FCA, FedLC, FedRS, PRR with its CPA as the paper specifies it, FedAvg with cross
-# entropy). The five baselines' runs of the calibration are this bench's runs of them: a baseline run
+# FedRep, FedBABU, and PRR, FML, FedProto, FedBN, HarmoFL), and with its own loss where that loss is its rule
+# (heldout/isic2019/own: FCA, FedLC, FedRS, BalanceFL's class-balanced batches, PRR with its CPA as the paper
+# specifies it, FedAvg with cross entropy). The five baselines' runs of the calibration are this bench's runs of them: a baseline run
 # kept in docs/results/calibration/bench/cpu/<task>_shift<default>/ is read from there, not run again (CALIBRATION
 # names another folder of that layout, e.g. a GPU's); on isic2019 the runs of Table 4's baselines kept by
 # benchmarks/isic2019_calibration.sh (docs/results/isic2019_calibration/<loss>/isic2019_shift<default>/). A kept run counts only when it ran with the config the run
@@ -166,8 +166,8 @@ for task in $tasks; do default_shift "$task" > /dev/null; done  # read here: a c
 for seed in $seeds; do
   for task in $tasks; do
     if [ "$task" = isic2019 ]; then  # FCA's Table 4: the methods FCA compares, PRR, and TMI's methods
-      for method in fca prr fedrs fedlc fedavg; do run isic2019 "$seed" "$method" heldout/isic2019/own; done
-      for method in prr moon creff balancefl fedrep fedbabu fml fedproto fedbn harmofl local fedavg fedprox; do
+      for method in fca prr fedrs fedlc balancefl fedavg; do run isic2019 "$seed" "$method" heldout/isic2019/own; done
+      for method in prr moon creff fedrep fedbabu fml fedproto fedbn harmofl local fedavg fedprox; do
         run isic2019 "$seed" "$method" heldout/isic2019/bsm --set class_loss=balanced_softmax
       done
       continue

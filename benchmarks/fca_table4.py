@@ -39,7 +39,6 @@ TABLE4 = {
     "creff": ("CReRF", 67.6, 68.6),
     "fedrs": ("FedRS", 70.2, 69.4),
     "fedlc": ("FedLC", 67.8, 69.5),
-    f"balancefl{BSM}": ("BalanceFL", 66.4, 70.8),
     "balancefl": ("BalanceFL", 66.4, 70.8),
     f"fedrep{BSM}": ("FedRep", 72.6, 69.2),
     f"fedbabu{BSM}": ("FedBABU", 72.1, 68.4),
@@ -62,9 +61,15 @@ def loss_of(label: str) -> str:
     base = label.split("/")[0]
     if BSM in base:
         return "balanced softmax"
-    return {"fca": "balanced softmax (its own)", "prr": "CPA (its own)", "fedrs": "restricted softmax (its own)"}.get(
-        base, "logit calibration (its own)" if base == "fedlc" else "cross entropy" if base == "fedavg" else "its own"
-    )
+    own = {
+        "fca": "balanced softmax (its own)",
+        "prr": "CPA (its own)",
+        "fedrs": "restricted softmax (its own)",
+        "fedlc": "logit calibration (its own)",
+        "balancefl": "class-balanced batches (its own)",
+        "fedavg": "cross entropy",
+    }
+    return own.get(base, "its own")
 
 
 def table4(protocols: list[dict]) -> str:
