@@ -20,6 +20,7 @@ from prrfl.report.tables import (
     minority_recall_table,
     retrogress_summary,
     retrogress_table,
+    row_labels,
     runs_table,
     shared_drop_tests,
     table_ii,
@@ -80,7 +81,8 @@ def build_report(
         sections.append(f"## Ablations (the paper's Table IV layout)\n\n{ablations}\n")
     if facts.ood_cohort and facts.ood_scored_by:
         table = table_x(rows, order, facts.ood_scored_by, metrics)
-        sections.append(f"## Table X: out-of-distribution cohort, site {facts.ood_scored_by}'s model\n\n{table}\n")
+        scorer = row_labels(rows).get(facts.ood_scored_by, facts.ood_scored_by)
+        sections.append(f"## Table X: out-of-distribution cohort, {scorer}'s model\n\n{table}\n")
     protocols = protocol_results(results)
     if protocols:
         table = protocol_table(protocols, order, facts.protocol_metrics)
