@@ -171,13 +171,28 @@ def test_a_kept_run_leaves_out_what_no_report_reads_and_keeps_every_number_it_re
     assert [h["kind"] for h in site["history"]] == [h["kind"] for h in original["history"]]
     for mine, theirs in zip(site["history"], original["history"], strict=True):
         assert "timing" not in mine
-        if mine["kind"] == "round":
-            assert json.dumps(mine, sort_keys=True) == json.dumps({k: v for k, v in theirs.items() if k != "timing"}, sort_keys=True)
+        if mine["kind"] == "round":  # P's own metrics are its best's and last's; the deputy's whole; the shared model's F1
+            kept_keys = {k: v for k, v in theirs.items() if k not in ("timing", "valid", "test")}
+            expected = kept_keys | {"shared_test": {"f1": theirs["shared_test"]["f1"]}}
+            assert json.dumps(mine, sort_keys=True) == json.dumps(expected, sort_keys=True) and "deputy" in mine["other_models"]
         else:  # the curves and the retrogress read the primary metric (F1) of the per-epoch records, nothing else
             assert mine["test"] == {"f1": theirs["test"]["f1"]} and mine["epochs_done"] == theirs["epochs_done"]
+    # a site that reports the global model as received keeps its trained model's round metrics (its `/trained` rows),
+    # and of the global model's validation scores the primary metric (F1, also the table's first)
+    fedavg = load_json(tmp_path / "kept/fedavg_s0.kept.json.gz/site-1/prrfl/derm_fedavg_s0/results.json")
+    theirs = load_json(sweep / "fedavg_s0/site-1/prrfl/derm_fedavg_s0/results.json")
+    rounds = [(h, o) for h, o in zip(fedavg["history"], theirs["history"], strict=True) if h["kind"] == "round"]
+    assert all(h["valid"] == o["valid"] and h["test"] == o["test"] for h, o in rounds)
+    assert [h["valid"] for h in fedavg["history"] if h["kind"] == "download"] == [
+        {"f1": h["valid"]["f1"]} for h in theirs["history"] if h["kind"] == "download"
+    ]
     server = load_json(run / "server/simulate_job/results.json")
     assert set(server["sites"]["site-1"]) == {"best", "cohort", "participation"}
-    assert "models" not in load_json(run / "server/simulate_job/crosseval.json")
+    flare, own = load_json(run / "server/simulate_job/crosseval.json"), load_json(run / "prrfl/derm_prr_s0/crosseval.json")
+    assert "models" not in flare
+    for matrix in (flare["cross_site"], own["cross_site"]):  # the primary metric, the one every matrix shows
+        assert {k for row in matrix.values() for values in row.values() for k in values} == {"f1"}
+    assert "per_site" not in own["generalization"] and "per_site" not in own["other_models"]["deputy"]["specialization"]
     assert load_json(kept.done_marker(run)) == load_json(sweep / "prr_s0.done.json")
 
 
@@ -238,6 +253,27 @@ def test_compact_turns_runs_kept_as_folders_into_kept_runs_in_place(sweep, tmp_p
     assert [r.table() for r in find_runs(old)[0]] == tables
     assert kept.DONE_MEMBER not in kept_members(old / "fedavg_s1.kept.json.gz")
     assert module.compact(old) == 0  # nothing left to convert
+
+
+def test_compact_packs_a_run_kept_by_older_rules_again_with_the_same_tables(sweep, tmp_path):
+    """A run kept when the rules left out less (here: nothing) is packed again by today's, once; its report and
+    `prrfl results` table do not change."""
+    module = keep_results()
+    folder = tmp_path / "kept"
+    module.keep(sweep, folder)
+    runs = sorted(folder.glob("*" + kept.KEPT_SUFFIX))
+    today = (folder / "prr_s0.kept.json.gz").read_bytes()
+    (folder / "prr_s0.kept.json.gz").write_bytes(kept.encode(module.members(sweep / "prr_s0")))  # every number of the run
+    assert len((folder / "prr_s0.kept.json.gz").read_bytes()) > len(today)
+    build_report(runs, tmp_path / "before")
+    tables = [r.table() for r in find_runs(folder)[0]]
+    assert module.compact(folder) == 1 and module.compact(folder) == 0  # packed again once, then left as it is
+    assert (folder / "prr_s0.kept.json.gz").read_bytes() == today
+    build_report(runs, tmp_path / "after")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "after").iterdir()} == {
+        p.name: p.read_bytes() for p in (tmp_path / "before").iterdir()
+    }
+    assert [r.table() for r in find_runs(folder)[0]] == tables
 
 
 def test_a_history_stored_column_wise_reads_back_as_it_was():

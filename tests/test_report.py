@@ -275,8 +275,12 @@ def test_build_report_writes_tables_csv_and_figures(workspaces, tmp_path, caplog
     report = build_report(workspaces, out, methods=["prr", "fedavg", "fedbn"])
     assert "no results for method(s) fedbn" in caplog.text
     text = report.read_text()
-    for heading in ("## Runs", "## Table II", "## Table X", "## Retrogress", "![retrogress](retrogress.png)"):
+    for heading in ("## Runs", "## Table II", "## Table X", "## Retrogress", "## Figures"):
         assert heading in text
+    # the plots `prrfl report` draws again from the same files are linked, not embedded: a copy of the page without them
+    figures = text.split("## Figures\n\n")[1]
+    assert figures.startswith("Drawn by `prrfl report` from the results files into this report's folder: [retrogress.png](retrogress.png)")
+    assert "[curves_prr.png](curves_prr.png), [curves_fedavg.png](curves_fedavg.png)" in figures and "![" not in figures
     with open(out / "results_long.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 256 and set(rows[0]) == {"method", "seed", "run_id", "site", "cohort", "split", "metric", "value"}

@@ -1,13 +1,24 @@
-"""What a kept run (prrfl.kept) keeps of a run's files: everything a report reads, every number as it is, so that a
-report built from kept runs is the report built from their workspaces, byte for byte. Left out:
+"""What a kept run (prrfl.kept) keeps of a run's files: everything a report or `prrfl results` reads, every number as it
+is, so that a report built from kept runs is the report built from their workspaces, byte for byte. Left out:
 
 * of a site's results: the paths of the machine it ran on (data_root, state_dir), the counts no table reads
   (num_train, rounds_missed), the wall-clock timings of its rounds; of its last round, only the test metrics (the
-  tables' "last round" column); of its per-epoch records (kind "epoch" and "download"), whose test metrics only the
-  curves and the retrogress read, only the task's primary metric of `test` and `shared_test` (their validation
-  metrics, which benchmarks/global_curve.py reads, whole);
+  tables' "last round" column);
+* of its per-round records: where the site reports the model it trained in the round (`reported_at` "round": PRR's
+  P, FedBN's model), that model's own validation and test metrics, which its `best` and `last` already hold of it
+  (a site that reports the global model as received keeps them: they are its `<method>/trained` rows); of the shared
+  model's test metrics (`shared_test`, the retrogress of the model a download overwrites), only the task's primary
+  metric; the other models' (`other_models`: PRR's deputy) whole;
+* of its per-epoch records (kind "epoch" and "download"), whose test metrics only the curves and the retrogress read,
+  only the task's primary metric of `test` and `shared_test`, and of their validation metrics (a global model's as
+  received, which benchmarks/global_curve.py reads) the primary metric and the first of the papers' table;
 * of the server's results: of each site's summary, what the site's own results file holds (last, ood, download_drop);
-* of a crosseval.json: the hashes of the weights FLARE's cross-site evaluation scored (models).
+* of a crosseval.json: the hashes of the weights FLARE's cross-site evaluation scored (models); of its cross-site
+  matrix, the task's primary metric, the one every matrix shows; the per-site values behind its generalization and
+  specialization means (`per_site`), which no table shows.
+
+`pack` of what `slim` keeps gives the same bytes again: a kept run packed again (benchmarks/keep_results.py
+--compact) changes only where these rules leave out more than the rules it was kept by.
 """
 
 from __future__ import annotations
@@ -21,9 +32,12 @@ from prrfl.report.runs import LEGACY_TASK
 SITE_DROPPED = ("data_root", "state_dir", "num_train", "rounds_missed")
 RECORD_DROPPED = ("timing",)
 PER_EPOCH_KINDS = ("epoch", "download")
-PER_EPOCH_PRIMARY_ONLY = ("test", "shared_test")
+PRIMARY_ONLY = ("test", "shared_test")  # of a per-epoch record
+ROUND_OWN = ("valid", "test")  # of a round record of a site that reports the model it trains
+ROUND_PRIMARY_ONLY = ("shared_test",)
 SERVER_SITE_DROPPED = ("last", "ood", "download_drop")
 CROSSEVAL_DROPPED = ("models",)
+CROSSEVAL_PARTS = ("generalization", "specialization")  # whose per_site values no table shows
 
 
 def pack(members: dict[str, Any]) -> bytes:
@@ -39,7 +53,7 @@ def slim(data: Any) -> Any:
     if isinstance(data, dict) and isinstance(data.get("sites"), dict) and isinstance(data.get("config"), dict):
         return {**data, "sites": {name: _without(summary, SERVER_SITE_DROPPED) for name, summary in data["sites"].items()}}
     if isinstance(data, dict) and "cross_site" in data:
-        return _without(data, CROSSEVAL_DROPPED)
+        return _slim_crosseval(data)
     return data
 
 
@@ -47,21 +61,54 @@ def _without(data: Any, keys: tuple[str, ...]) -> Any:
     return {k: v for k, v in data.items() if k not in keys} if isinstance(data, dict) else data
 
 
+def _only(values: Any, keep: set[str]) -> Any:
+    """A dict of metrics with only the metrics `keep` names; anything else as it is."""
+    return {k: v for k, v in values.items() if k in keep} if isinstance(values, dict) else values
+
+
 def _slim_site(data: dict[str, Any]) -> dict[str, Any]:
-    primary = task_class(data.get("task", LEGACY_TASK)).metric_names[0]
+    task = task_class(data.get("task", LEGACY_TASK))
+    primary = task.metric_names[0]
     last = data.get("last")
     out = _without(data, SITE_DROPPED)
     if isinstance(last, dict) and "test" in last:
         out["last"] = {"test": last["test"]}
-    out["history"] = [_slim_record(r, primary) for r in data["history"]]
+    reports_trained = data.get("reported_at", "round") == "round"
+    out["history"] = [_slim_record(r, primary, task.table_metrics[0], reports_trained) for r in data["history"]]
     return out
 
 
-def _slim_record(record: Any, primary: str) -> Any:
+def _slim_record(record: Any, primary: str, table_metric: str, reports_trained: bool) -> Any:
     record = _without(record, RECORD_DROPPED)
-    if not isinstance(record, dict) or record.get("kind") not in PER_EPOCH_KINDS:
+    if not isinstance(record, dict):
         return record
-    for key in PER_EPOCH_PRIMARY_ONLY:
-        if isinstance(record.get(key), dict) and primary in record[key]:
-            record[key] = {primary: record[key][primary]}
+    if record.get("kind") == "round":
+        record = _without(record, ROUND_OWN) if reports_trained else record
+        return {**record, **{k: _only(record[k], {primary}) for k in ROUND_PRIMARY_ONLY if k in record}}
+    if record.get("kind") in PER_EPOCH_KINDS:
+        record = {**record, **{k: _only(record[k], {primary}) for k in PRIMARY_ONLY if k in record}}
+        if "valid" in record:
+            record["valid"] = _only(record["valid"], {primary, table_metric})
     return record
+
+
+def _slim_crosseval(data: dict[str, Any]) -> dict[str, Any]:
+    primary = task_class(data.get("task", LEGACY_TASK)).metric_names[0]
+    out = _no_per_site(_without(data, CROSSEVAL_DROPPED))
+    if isinstance(out["cross_site"], dict):
+        out["cross_site"] = {m: _without_per_model(row, primary) for m, row in out["cross_site"].items()}
+    if isinstance(out.get("other_models"), dict):
+        out["other_models"] = {role: _no_per_site(model) for role, model in out["other_models"].items()}
+    return out
+
+
+def _no_per_site(data: Any) -> Any:
+    """A crosseval.json (or its part for one of the other models) without the per-site values of its means."""
+    if not isinstance(data, dict):
+        return data
+    return {**data, **{part: _without(data[part], ("per_site",)) for part in CROSSEVAL_PARTS if part in data}}
+
+
+def _without_per_model(row: Any, primary: str) -> Any:
+    """A model's row of the cross-site matrix (test site -> metrics) with the primary metric only."""
+    return {site: _only(values, {primary}) for site, values in row.items()} if isinstance(row, dict) else row
