@@ -72,7 +72,7 @@ def plot_curves(method: str, results: Sequence[SiteResult], colours: dict[str, A
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for epoch in _communication_epochs(results):
         ax.axvline(epoch, color="0.88", lw=0.8, zorder=0)
-    for cohort, (x, mean, std) in sorted(site_curves(results, metric).items()):
+    for cohort, (x, mean, std) in sorted(site_curves(results, metric).items(), key=lambda item: names[item[0]]):  # site-1 first
         ax.plot(x, mean, color=colours[cohort], lw=1.6, label=names[cohort])
         if seeds > 1:
             ax.fill_between(x, mean - std, mean + std, color=colours[cohort], alpha=0.15, lw=0)
