@@ -281,6 +281,10 @@ def test_build_report_writes_tables_csv_and_figures(workspaces, tmp_path, caplog
     figures = text.split("## Figures\n\n")[1]
     assert figures.startswith("Drawn by `prrfl report` from the results files into this report's folder: [retrogress.png](retrogress.png)")
     assert "[curves_prr.png](curves_prr.png), [curves_fedavg.png](curves_fedavg.png)" in figures and "![" not in figures
+    assert "overlays" not in figures  # a dermoscopy site writes no examples; a segmentation report without them says so:
+    from prrfl.report.build import _figures_section
+
+    assert _figures_section([], None, "dice", examples=True).startswith("No overlays.jpg: these results hold no examples arrays")
     with open(out / "results_long.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 256 and set(rows[0]) == {"method", "seed", "run_id", "site", "cohort", "split", "metric", "value"}

@@ -27,6 +27,7 @@ from prrfl.report.tables import (
     table_x,
 )
 from prrfl.storage import save_text
+from prrfl.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def build_report(
         sections.append(f"## Class imbalance: the rarest class's recall\n\n{minority}\n")
     sections += [
         f"## Retrogress after communication\n\n{retrogress_table(summary, primary, shared_summary, shared_p, reference, models)}\n",
-        f"## Figures\n\n{_figures_section(figures, overlays, primary)}\n",
+        f"## Figures\n\n{_figures_section(figures, overlays, primary, facts.examples is not Task.examples)}\n",
     ]
     return save_text("\n".join(sections), out / "report.md")
 
@@ -127,11 +128,11 @@ def _figures(
     return figures
 
 
-def _figures_section(drawn: Sequence[Path], overlays: Path | None, metric: str) -> str:
+def _figures_section(drawn: Sequence[Path], overlays: Path | None, metric: str, examples: bool) -> str:
     """What the report's figures are and where they come from. The plots drawn from the results files (the retrogress
     bars, each method's curves) are linked, not embedded: `prrfl report` draws them again from the same files, so a
     copy of the report may leave them out. The overlays, drawn from the examples arrays a segmentation site writes
-    (which a kept run leaves out), are embedded."""
+    (which a kept run leaves out), are embedded; `examples`: whether the task's sites write them."""
     parts = []
     if drawn:
         retrogress = [p for p in drawn if p.name == "retrogress.png"]
@@ -147,5 +148,10 @@ def _figures_section(drawn: Sequence[Path], overlays: Path | None, metric: str) 
         parts.append(
             "A test slice of each site for each method, the truth and the prediction as contours (drawn from the examples "
             f"each segmentation site writes beside its results):\n\n![{overlays.stem}]({overlays.name})"
+        )
+    elif examples:
+        parts.append(
+            f"No {OVERLAYS}: these results hold no examples arrays (a kept run leaves them out); `prrfl report` draws it "
+            "(a test slice of each site for each method) from runs that have them."
         )
     return "\n\n".join(parts) or "No figures: these results hold no per-epoch records and no examples."
