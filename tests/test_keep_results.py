@@ -192,7 +192,7 @@ def test_a_kept_run_leaves_out_what_no_report_reads_and_keeps_every_number_it_re
     server = load_json(run / "server/simulate_job/results.json")
     assert set(server["sites"]["site-1"]) == {"best", "cohort", "participation"}
     flare, own = load_json(run / "server/simulate_job/crosseval.json"), load_json(run / "prrfl/derm_prr_s0/crosseval.json")
-    assert "models" not in flare
+    assert "models" not in flare and "evaluated_by" not in flare
     for matrix in (flare["cross_site"], own["cross_site"]):  # the primary metric, the one every matrix shows
         assert {k for row in matrix.values() for values in row.values() for k in values} == {"f1"}
     assert "per_site" not in own["generalization"] and "per_site" not in own["other_models"]["deputy"]["specialization"]

@@ -15,7 +15,8 @@ is, so that a report built from kept runs is the report built from their workspa
   only the task's primary metric of `test` and `shared_test`, and of their validation metrics (a global model's as
   received) the first of the papers' table, which benchmarks/global_curve.py reads;
 * of the server's results: of each site's summary, what the site's own results file holds (last, ood, download_drop);
-* of a crosseval.json: the hashes of the weights FLARE's cross-site evaluation scored (models); of its cross-site
+* of a crosseval.json: the hashes of the weights FLARE's cross-site evaluation scored (models) and the sentence saying
+  who evaluated (evaluated_by: the same in every file of FLARE's evaluation, which its path names); of its cross-site
   matrix, the task's primary metric, the one every matrix shows; the per-site values behind its generalization and
   specialization means (`per_site`), which no table shows.
 
@@ -39,7 +40,7 @@ PRIMARY_ONLY = ("test", "shared_test")  # of a per-epoch record
 ROUND_METRICS = ("valid", "test")  # a model's metrics in a round record
 ROUND_PRIMARY_ONLY = ("shared_test",)
 SERVER_SITE_DROPPED = ("last", "ood", "download_drop")
-CROSSEVAL_DROPPED = ("models",)
+CROSSEVAL_DROPPED = ("models", "evaluated_by")
 CROSSEVAL_PARTS = ("generalization", "specialization")  # whose per_site values no table shows
 
 
