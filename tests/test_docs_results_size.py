@@ -9,11 +9,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-# its size as `du -sb docs/results` gives it in a checkout on ext4: the files, and 4096 bytes for each folder. The kept
+# under 3 MB as `du -sb docs/results` counts it in a checkout on ext4: the files, and 4096 bytes for each folder. The kept
 # runs and the reports' text, the figures no command draws again from them (overlays, the calibration's montages, the
 # stale runs' curves) and those the docs embed; the long tables and figures a report draws again from the kept runs
 # (results_long.csv, retrogress.csv, retrogress.png, curves_<method>.png) are not in git (.gitignore)
-LIMIT_BYTES = 2_300_000
+LIMIT_BYTES = 3_000_000
 FOLDER_BYTES = 4096
 WORKSPACE_FILES = ("results.json", "results.json.gz", "crosseval.json", "crosseval.json.gz")
 
