@@ -17,10 +17,15 @@ import argparse
 import statistics
 from pathlib import Path
 
+from prrfl.registry import task_class
 from prrfl.report.runs import RESULTS_GLOB, SiteResult
 from prrfl.storage import find_json
 
-METRIC = {"derm": "f1", "prostate": "slice_dice"}
+
+def metric(task: str) -> str:
+    """The metric of the curve: the first of the papers' table (F1; Dice per slice), which a kept run keeps of the
+    global model's validation scores (prrfl.report.keep)."""
+    return task_class(task).table_metrics[0]
 
 
 def site_curves(run: Path) -> tuple[str, dict[str, list[float]], dict[str, int]]:
@@ -32,7 +37,7 @@ def site_curves(run: Path) -> tuple[str, dict[str, list[float]], dict[str, int]]
     curves, best = {}, {}
     for r in sites:
         scored = sorted((h for h in r.history if "global_round" in h), key=lambda h: h["global_round"])
-        curves[r.site] = [h["valid"][METRIC[r.task]] for h in scored]
+        curves[r.site] = [h["valid"][metric(r.task)] for h in scored]
         best[r.site] = r.best["round"] if r.best else -1
     return sites[0].task, curves, best
 
@@ -64,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     for run in args.runs:
         task, curves, best = site_curves(run)
         values = mean_curve(curves)
-        line = f"{run}: {task} {METRIC[task]} of the global model, mean over {len(curves)} sites, per aggregate: "
+        line = f"{run}: {task} {metric(task)} of the global model, mean over {len(curves)} sites, per aggregate: "
         line += " ".join(f"{v:.1f}" for v in values) + f"; selected rounds {[best[s] for s in sorted(best)]}"
         if args.rounds_rule:
             line += f"; rounds needed (within {args.within:g} of the smoothed maximum {max(smoothed(values)):.1f}): "

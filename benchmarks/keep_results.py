@@ -8,13 +8,15 @@ read as if it were whole. Models, TensorBoard events, examples arrays, the simul
 report stay behind (benchmarks/bench_sweep.sh rebuilds the reports from every run kept).
 
     python benchmarks/keep_results.py <sweep folder> <destination>     # each finished run as <run>.kept.json.gz
-    python benchmarks/keep_results.py --compact <kept folder>          # runs kept as folders: one file each, in place
+    python benchmarks/keep_results.py --compact <kept folder>          # runs kept as folders: one file each, in place;
+                                                                       # kept runs packed again by today's rules
     python benchmarks/keep_results.py --unpack <kept folder> <sweep folder>   # kept runs back as workspaces
 
 `prrfl report <destination>/*_s[0-9].kept.json.gz --out ...` rebuilds every table and curve of the report from the
 kept runs (the overlay figure needs the examples arrays: a report folder keeps the overlays.jpg built while they were
 there). `--compact` turns a folder of runs kept as workspace folders (plain or gzip-compressed results files, with or
-without their markers) into kept run files, the folders and markers removed. `--unpack` writes kept runs back as
+without their markers) into kept run files, the folders and markers removed, and packs every kept run under it again
+where prrfl.report.keep now leaves out more than when it was kept (the same tables read from it). `--unpack` writes kept runs back as
 workspace folders with their markers (the results files as kept), so that `prrfl sweep` on that folder skips the runs
 it holds and its report covers them: a long sweep can continue on another machine or day, and be kept again.
 """
@@ -61,14 +63,34 @@ def write_kept(run: Path, target: Path) -> Path:
     files less what is left out; a run that cannot be kept names itself."""
     try:
         found = members(run)
-        atomic_write_bytes(target, pack(found))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{run}: cannot be kept: {e}") from e
+    return write_members(found, target, run)
+
+
+def write_members(found: dict[str, Any], target: Path, source: Path) -> Path:
+    """Write a run's files `found` (read from `source`) as the kept run `target`, atomically, and check that it reads
+    back as them less what is left out."""
+    try:
+        atomic_write_bytes(target, pack(found))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{source}: cannot be kept: {e}") from e
     stored = kept_members(target)
     for name, data in found.items():
         if as_text(kept.member(stored, name, target)) != as_text(slim(data)):
-            raise ValueError(f"{target}: {name} does not read back as {run}'s file")
+            raise ValueError(f"{target}: {name} does not read back as {source}'s file")
     return target
+
+
+def repack(path: Path) -> bool:
+    """Pack the kept run `path` again by today's rules (prrfl.report.keep); rewritten, and True, only where that
+    leaves out more than the rules it was kept by."""
+    stored = kept_members(path)
+    found = {name: kept.member(stored, name, path) for name in stored}
+    if pack(found) == path.read_bytes():
+        return False
+    write_members(found, path, path)
+    return True
 
 
 def as_text(data: Any) -> str:
@@ -90,13 +112,15 @@ def keep(src: Path, dst: Path) -> int:
 
 def compact(folder: Path) -> int:
     """Every run under `folder` kept as a folder (with or without its marker) turned into a kept run beside it, the
-    folder and the marker removed once the kept run reads back (`write_kept`); returns how many."""
+    folder and the marker removed once the kept run reads back (`write_kept`), and every kept run under it packed
+    again where today's rules leave out more (`repack`); returns how many files were written."""
     runs = run_folders(folder)
     for run in runs:
         write_kept(run, kept_path(run, folder, folder))
         shutil.rmtree(run)
         kept.done_marker(run).unlink(missing_ok=True)
-    return len(runs)
+    packed = [path for path in sorted(folder.rglob("*" + kept.KEPT_SUFFIX)) if kept.is_kept(path) and repack(path)]
+    return len(runs) + len(packed)
 
 
 def unpack(src: Path, dst: Path) -> int:
@@ -113,7 +137,7 @@ def unpack(src: Path, dst: Path) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "--compact" and Path(argv[1]).is_dir():
-        print(f"{argv[1]}: {compact(Path(argv[1]))} runs compacted")
+        print(f"{argv[1]}: {compact(Path(argv[1]))} runs compacted or packed again")
         return 0
     if len(argv) == 3 and argv[0] == "--unpack" and Path(argv[1]).is_dir():
         print(f"{unpack(Path(argv[1]), Path(argv[2]))} kept runs unpacked from {argv[1]} to {argv[2]}")

@@ -207,6 +207,6 @@ def test_cross_site_matrix_rows_are_models_and_columns_test_splits_by_cohort():
         }
 
     table = cross_site_table([run(0, 40.0), run(1, 44.0), {"method": "fedavg"}], "prr", "f1", ("B", "A")).splitlines()
-    assert table[0] == "| prr: F1 on → | B | A |"
-    assert table[2] == "| B's model | 70.50 ± 0.71 | 30.00 ± 0.00 |"
-    assert table[3] == "| A's model | 42.00 ± 2.83 | 80.00 ± 0.00 |"
+    assert table[0] == "| prr: F1 on → | site-2_B | site-1_A |"  # each site by its label, in the task's order of cohorts
+    assert table[2] == "| site-2_B's model | 70.50 ± 0.71 | 30.00 ± 0.00 |"
+    assert table[3] == "| site-1_A's model | 42.00 ± 2.83 | 80.00 ± 0.00 |"

@@ -9,9 +9,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-# the kept runs (about 1.6 MB) and the reports and figures built from them (about 2.7 MB); the long tables a report
-# rebuilds byte for byte from the kept runs (results_long.csv, retrogress.csv) are not in git
-LIMIT_BYTES = 4_500_000
+# under 3 MB as `du -sb docs/results` counts it in a checkout on ext4: the files, and 4096 bytes for each folder. The kept
+# runs and the reports' text, the figures no command draws again from them (overlays, the calibration's montages, the
+# stale runs' curves) and those the docs embed; the long tables and figures a report draws again from the kept runs
+# (results_long.csv, retrogress.csv, retrogress.png, curves_<method>.png) are not in git (.gitignore)
+LIMIT_BYTES = 3_000_000
+FOLDER_BYTES = 4096
 WORKSPACE_FILES = ("results.json", "results.json.gz", "crosseval.json", "crosseval.json.gz")
 
 
@@ -28,5 +31,8 @@ def test_docs_results_stays_under_its_limit_with_every_run_kept_as_one_file():
     assert files, f"no files found under {RESULTS}"
     workspace_files = [str(p.relative_to(RESULTS)) for p in files if p.name in WORKSPACE_FILES or p.name.endswith(".done.json")]
     assert not workspace_files, f"runs kept as workspaces (keep them with benchmarks/keep_results.py): {workspace_files[:5]}"
-    size = sum(p.stat().st_size for p in files)
-    assert size < LIMIT_BYTES, f"docs/results holds {size:,} bytes in {len(files)} files, over its limit of {LIMIT_BYTES:,}"
+    folders = {folder for p in files for folder in p.relative_to(RESULTS).parents}  # "." is docs/results itself
+    size = sum(p.stat().st_size for p in files) + FOLDER_BYTES * len(folders)
+    assert size <= LIMIT_BYTES, (
+        f"docs/results takes {size:,} bytes ({len(files)} files in {len(folders)} folders), over its limit of {LIMIT_BYTES:,}"
+    )

@@ -68,7 +68,29 @@ def test_prrfl_results_prints_the_runs_table_from_the_workspace(finished_run, ca
     assert title == f"derm_prr (run {json.loads(server.read_text())['run_id']}, task derm): {server}"
     per_site, matrix = table.split("\n\nCross-site evaluation: each site's best model (rows) on each site's test split\n\n")
     assert per_site == (ws / "server/simulate_job/results.md").read_text().strip()  # the table the job wrote
-    assert matrix.splitlines()[0] == "| prr: F1 on → | A | B |"  # FLARE's cross-site matrix (crosseval.json beside results.json)
+    # FLARE's cross-site matrix (crosseval.json beside results.json), each site by its label
+    assert matrix.splitlines()[0] == "| prr: F1 on → | site-1_A | site-2_B |"
+
+
+def test_one_label_names_a_site_in_the_results_table_tensorboard_the_cross_site_matrix_and_the_report(finished_run, capsys, tmp_path):
+    """The name the FLARE console gives a site (site-1) and its cohort (A), as one label: the row of the table the
+    job printed, its TensorBoard run, its row and column in `prrfl crosseval`'s matrix and in the report's tables."""
+    from prrfl.cli import main
+    from prrfl.report import build_report
+
+    ws, proc = finished_run
+    labels = [f"{s}_{json.loads((ws / s / 'prrfl/derm_prr/results.json').read_text())['cohort']}" for s in ("site-1", "site-2")]
+    assert labels == ["site-1_A", "site-2_B"]
+    for label in labels:
+        assert f"| {label} | " in proc.stdout + proc.stderr  # the results table the job printed
+        assert (ws / "server/simulate_job/tb_events" / label).is_dir()
+    assert main(["crosseval", str(ws)]) == 0
+    matrix = capsys.readouterr().out.split("\n\n")[1].splitlines()
+    assert matrix[0] == f"| prr: F1 on → | {labels[0]} | {labels[1]} |"
+    assert [row.split("'s personal |")[0] for row in matrix[2:]] == [f"| {label}" for label in labels]
+    report = build_report([ws], tmp_path / "report").read_text()
+    assert f"| method | seeds | {labels[0]} F1 | {labels[0]} AUC | {labels[1]} F1 |" in report  # Table II
+    assert f"| prr: F1 on → | {labels[0]} | {labels[1]} |" in report and f"{labels[0]}, {labels[1]} |" in report  # matrix, runs
 
 
 def test_prr_has_no_global_model_so_each_sites_model_scores_generalization(finished_run):
@@ -347,6 +369,8 @@ def test_mlflow_tracking_through_flares_receiver(tmp_path, monkeypatch, store):
     found = client.search_runs([experiment.experiment_id])
     runs = {r.info.run_name: r for r in found}
     assert sorted(runs) == ["federation", *(f"{s}_{c}" for s, c in cohorts.items())]
+    table = (tmp_path / "ws/server/simulate_job/results.md").read_text()
+    assert all(f"| {name} | " in table for name in runs if name != "federation")  # the results table's site labels
     # the data settings the task uses, the options the method runs with
     params = mlflow_params({**cfg.to_dict(), "method_args": method_arguments(cfg), "data": build_task(cfg).data_cfg})
     assert params["method_args.det_enabled"] == "true" and params["data.synthetic_raw_size"] == "[96, 72]"

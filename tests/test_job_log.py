@@ -14,7 +14,7 @@ LOG = [
     f"2026-11-29 11:55:40,317 - PersonalizedWorkflow - INFO - {CTX} - round 2 (rounds 0-4): sending each of 4 sites its own model",
     f"2026-11-29 11:55:40,318 - PersonalizedWorkflow - INFO - {CTX} - Sending task train to ['site-1']",
     "2026-11-29 11:55:41,000 - Cacheable - INFO - set transaction info: tx_id='T1'",
-    f"2026-11-29 11:56:20,980 - PersonalizedWorkflow - INFO - {CTX} - round 2 done (server RSS 999 MiB); test: site-1 f1=31.9",
+    f"2026-11-29 11:56:20,980 - PersonalizedWorkflow - INFO - {CTX} - round 2 done (server RSS 999 MiB); test: site-1_A f1=31.9",
     "2026-11-29 11:56:21,000 - PersonalizedWorkflow - WARNING - site-3 did not score the last round's global model: lost",
     "2026-11-29 11:57:00,000 - PersonalizedWorkflow - INFO - per-site results of the personalized models (best round on validation):",
     "| site | best round | test F1 |",
@@ -24,7 +24,7 @@ LOG = [
 ]
 SHOWN = [
     "[11:55:40] round 2 (rounds 0-4): sending each of 4 sites its own model",
-    "[11:56:20] round 2 done (server RSS 999 MiB); test: site-1 f1=31.9",
+    "[11:56:20] round 2 done (server RSS 999 MiB); test: site-1_A f1=31.9",
     "[11:56:21] WARNING: site-3 did not score the last round's global model: lost",
     "[11:57:00] per-site results of the personalized models (best round on validation):",
     "| site | best round | test F1 |",

@@ -169,16 +169,50 @@ def test_a_kept_run_leaves_out_what_no_report_reads_and_keeps_every_number_it_re
     assert {"data_root", "state_dir", "num_train", "rounds_missed"} & set(site) == set()
     assert site["last"] == {"test": original["last"]["test"]} and site["best"] == original["best"]
     assert [h["kind"] for h in site["history"]] == [h["kind"] for h in original["history"]]
+    rounds = [(h, o) for h, o in zip(site["history"], original["history"], strict=True) if h["kind"] == "round"]
     for mine, theirs in zip(site["history"], original["history"], strict=True):
         assert "timing" not in mine
-        if mine["kind"] == "round":
-            assert json.dumps(mine, sort_keys=True) == json.dumps({k: v for k, v in theirs.items() if k != "timing"}, sort_keys=True)
-        else:  # the curves and the retrogress read the primary metric (F1) of the per-epoch records, nothing else
+        if mine["kind"] != "round":  # the curves and the retrogress read the primary metric (F1) of the per-epoch records
             assert mine["test"] == {"f1": theirs["test"]["f1"]} and mine["epochs_done"] == theirs["epochs_done"]
+    # P's own round metrics: none (its best and last are the site's, whole; its test curve the per-epoch records'); the
+    # shared model's: F1; the deputy's: whole where a report can take its best or last round, F1 elsewhere
+    for mine, theirs in rounds:
+        assert "valid" not in mine and "test" not in mine and mine["shared_test"] == {"f1": theirs["shared_test"]["f1"]}
+    cut = assert_whole_where_selectable([(h["other_models"]["deputy"], o["other_models"]["deputy"]) for h, o in rounds])
+    # a site that reports the global model as received: its trained model's round metrics, by the same rule (its
+    # `/trained` rows); of the global model's validation scores the table's first metric (F1)
+    fedavg = load_json(tmp_path / "kept/fedavg_s0.kept.json.gz/site-1/prrfl/derm_fedavg_s0/results.json")
+    theirs = load_json(sweep / "fedavg_s0/site-1/prrfl/derm_fedavg_s0/results.json")
+    pairs = list(zip(fedavg["history"], theirs["history"], strict=True))
+    cut += assert_whole_where_selectable([(h, o) for h, o in pairs if h["kind"] == "round"])
+    assert cut > 0  # the rule was tried on a round it cuts
+    assert [h["valid"] for h, _ in pairs if h["kind"] == "download"] == [
+        {"f1": o["valid"]["f1"]} for _, o in pairs if o["kind"] == "download"
+    ]
     server = load_json(run / "server/simulate_job/results.json")
     assert set(server["sites"]["site-1"]) == {"best", "cohort", "participation"}
-    assert "models" not in load_json(run / "server/simulate_job/crosseval.json")
+    flare, own = load_json(run / "server/simulate_job/crosseval.json"), load_json(run / "prrfl/derm_prr_s0/crosseval.json")
+    assert "models" not in flare and "evaluated_by" not in flare
+    for matrix in (flare["cross_site"], own["cross_site"]):  # the primary metric, the one every matrix shows
+        assert {k for row in matrix.values() for values in row.values() for k in values} == {"f1"}
+    assert "per_site" not in own["generalization"] and "per_site" not in own["other_models"]["deputy"]["specialization"]
     assert load_json(kept.done_marker(run)) == load_json(sweep / "prr_s0.done.json")
+
+
+def assert_whole_where_selectable(rounds: list[tuple[dict, dict]]) -> int:
+    """(kept, original) metrics of one model over its rounds: whole at its last round and wherever its validation F1
+    is at least every one before it (a round the selection could take), F1 alone elsewhere; returns how many rounds
+    were cut to F1."""
+    best, whole = None, []
+    for i, (_, theirs) in enumerate(rounds):
+        if best is None or theirs["valid"]["f1"] >= best:
+            best = theirs["valid"]["f1"]
+            whole.append(i)
+    whole = {*whole, len(rounds) - 1}
+    for i, (mine, theirs) in enumerate(rounds):
+        expected = theirs if i in whole else {k: {"f1": theirs[k]["f1"]} for k in ("valid", "test")}
+        assert {k: mine[k] for k in ("valid", "test")} == {k: expected[k] for k in ("valid", "test")}
+    return len(rounds) - len(whole)
 
 
 def test_keep_writes_one_reproducible_file_per_finished_run_and_nothing_heavier(sweep, tmp_path):
@@ -238,6 +272,27 @@ def test_compact_turns_runs_kept_as_folders_into_kept_runs_in_place(sweep, tmp_p
     assert [r.table() for r in find_runs(old)[0]] == tables
     assert kept.DONE_MEMBER not in kept_members(old / "fedavg_s1.kept.json.gz")
     assert module.compact(old) == 0  # nothing left to convert
+
+
+def test_compact_packs_a_run_kept_by_older_rules_again_with_the_same_tables(sweep, tmp_path):
+    """A run kept when the rules left out less (here: nothing) is packed again by today's, once; its report and
+    `prrfl results` table do not change."""
+    module = keep_results()
+    folder = tmp_path / "kept"
+    module.keep(sweep, folder)
+    runs = sorted(folder.glob("*" + kept.KEPT_SUFFIX))
+    today = (folder / "prr_s0.kept.json.gz").read_bytes()
+    (folder / "prr_s0.kept.json.gz").write_bytes(kept.encode(module.members(sweep / "prr_s0")))  # every number of the run
+    assert len((folder / "prr_s0.kept.json.gz").read_bytes()) > len(today)
+    build_report(runs, tmp_path / "before")
+    tables = [r.table() for r in find_runs(folder)[0]]
+    assert module.compact(folder) == 1 and module.compact(folder) == 0  # packed again once, then left as it is
+    assert (folder / "prr_s0.kept.json.gz").read_bytes() == today
+    build_report(runs, tmp_path / "after")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "after").iterdir()} == {
+        p.name: p.read_bytes() for p in (tmp_path / "before").iterdir()
+    }
+    assert [r.table() for r in find_runs(folder)[0]] == tables
 
 
 def test_a_history_stored_column_wise_reads_back_as_it_was():

@@ -138,7 +138,7 @@ def test_derm_csv_one_row_per_image_in_sorted_order_probabilities_sum_to_one_arg
     assert [r["predicted_name"] for r in rows] == [long_names[r["predicted"]] for r in rows]
     assert {r["flag"] for r in rows} == {""}  # the site's own kind of image: nothing implausible
     sha256 = hashlib.sha256(derm_model.read_bytes()).hexdigest()
-    assert {r["model"] for r in rows} == {f"derm/prr best_personal.pt of site-1 (A), run r1, round 0, sha256 {sha256[:12]}"}
+    assert {r["model"] for r in rows} == {f"derm/prr best_personal.pt of site-1_A, run r1, round 0, sha256 {sha256[:12]}"}
     assert {r["model_warning"] for r in rows} == {""}  # a model above chance, its card checked
     assert probs.std(axis=0).max() > 0.01  # the outputs depend on the image
 
@@ -203,7 +203,7 @@ def test_prostate_masks_are_on_the_inputs_grid_from_the_slices_training_prepared
             sha256 = hashlib.sha256(prostate_model.read_bytes()).hexdigest()[:12]
             assert written.header["descrip"].tobytes().rstrip(b"\0") == f"prrfl predicted mask, model sha256 {sha256}".encode()
     assert {(r["model"], r["model_warning"]) for r in summary.values()} == {
-        (f"prostate/prr best_personal.pt of site-1 (RUNMC), run r1, round 0, sha256 {sha256}", "")
+        (f"prostate/prr best_personal.pt of site-1_RUNMC, run r1, round 0, sha256 {sha256}", "")
     }
 
 

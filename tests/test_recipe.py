@@ -370,12 +370,12 @@ def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simula
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert f"derm_prr on sim: FINISHED:COMPLETED; results in {tmp_path / 'ws' / 'derm_prr'}" in out
-    assert "| site-1 | " in out and "| site-2 | " in out and "| **mean** |" in out
+    assert "| site-1_A | " in out and "| site-2_B | " in out and "| **mean** |" in out  # each site by its label
     assert (tmp_path / "ws" / "derm_prr.state" / "server" / "derm_prr" / "server_state.pt").exists()
     ((title, table),) = printed_tables(tmp_path / "ws", capsys).items()  # <workspace>/<job>/ and <job>.state/: one run
     assert title.startswith("derm_prr (run ") and title.endswith(f"{tmp_path}/ws/derm_prr/server/simulate_job/results.json")
     per_site, matrix = table.split("\n\nCross-site evaluation: ")  # prrfl results adds FLARE's cross-site matrix
-    assert f"\n\n{per_site}" in out and "| A's model |" in matrix  # the table `prrfl run` printed
+    assert f"\n\n{per_site}" in out and "| site-1_A's model |" in matrix  # the table `prrfl run` printed
 
     job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config())
     ref = subprocess.run(simulator_command(job, tmp_path / "ref", 2), env=env, capture_output=True, text=True, timeout=400)

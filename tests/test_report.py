@@ -152,7 +152,8 @@ def test_table_ii_mean_std_over_seeds_and_paired_p_value(workspaces):
     rows = long_rows(find_results(workspaces))
     table = table_ii(rows, ["prr", "fedavg"], "prr", DERM_METRICS)
     prr, fedavg = cell(table, "prr"), cell(table, "fedavg")
-    # columns: method, seeds, A F1, A AUC, B F1, B AUC, C F1, C AUC, D F1, D AUC, Avg F1, Avg AUC, Avg F1 last, p
+    # columns: method, seeds, site-1_A F1, site-1_A AUC, ..., site-4_D AUC, Avg F1, Avg AUC, Avg F1 last, p
+    assert table.splitlines()[0].startswith("| method | seeds | site-1_A F1 | site-1_A AUC | site-2_B F1 |")  # the sites' labels
     assert prr[1] == "2"
     assert prr[2] == "81.00 ± 1.41"  # 80, 82: sample std sqrt(2)
     assert prr[3] == "91.00 ± 1.41"
@@ -274,8 +275,16 @@ def test_build_report_writes_tables_csv_and_figures(workspaces, tmp_path, caplog
     report = build_report(workspaces, out, methods=["prr", "fedavg", "fedbn"])
     assert "no results for method(s) fedbn" in caplog.text
     text = report.read_text()
-    for heading in ("## Runs", "## Table II", "## Table X", "## Retrogress", "![retrogress](retrogress.png)"):
+    for heading in ("## Runs", "## Table II", "## Table X", "## Retrogress", "## Figures"):
         assert heading in text
+    # the plots `prrfl report` draws again from the same files are linked, not embedded: a copy of the page without them
+    figures = text.split("## Figures\n\n")[1]
+    assert figures.startswith("Drawn by `prrfl report` from the results files into this report's folder: [retrogress.png](retrogress.png)")
+    assert "[curves_prr.png](curves_prr.png), [curves_fedavg.png](curves_fedavg.png)" in figures and "![" not in figures
+    assert "overlays" not in figures  # a dermoscopy site writes no examples; a segmentation report without them says so:
+    from prrfl.report.build import _figures_section
+
+    assert _figures_section([], None, "dice", examples=True).startswith("No overlays.jpg: these results hold no examples arrays")
     with open(out / "results_long.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 256 and set(rows[0]) == {"method", "seed", "run_id", "site", "cohort", "split", "metric", "value"}
@@ -465,7 +474,8 @@ def test_minority_recall_names_the_most_imbalanced_site_and_averages_each_sites_
 
     def site(method, seed, cohort, counts, recalls):
         test = {"f1": 50.0, **{f"recall_{k}": v for k, v in zip(("nv", "bkl", "mel"), recalls)}}
-        return SiteResult(Path("x"), "derm", method, seed, "r", f"site-{cohort}", cohort, 2, {"test": test}, None, None, [], counts)
+        site = f"site-{'ABC'.index(cohort) + 1}"  # the label names a site by its client and its cohort: site-1_A
+        return SiteResult(Path("x"), "derm", method, seed, "r", site, cohort, 2, {"test": test}, None, None, [], counts)
 
     # site A: 90/9/1 (ratio 90, rarest mel); site B: 50/30/20 (ratio 2.5, rarest mel); site C has no bkl: 40/0/10 (rarest mel)
     results = [
@@ -478,7 +488,7 @@ def test_minority_recall_names_the_most_imbalanced_site_and_averages_each_sites_
     ]
     table = minority_recall_table(results, ["prr", "fedavg"], ("nv", "bkl", "mel"))
     lines = table.splitlines()
-    assert lines[0] == "| method | seeds | site A: recall of mel | mean over sites of the rarest class's recall |"
+    assert lines[0] == "| method | seeds | site-1_A: recall of mel | mean over sites of the rarest class's recall |"
     assert lines[2] == "| prr | 2 | 30.00 ± 14.14 | 40.00 ± 14.14 |"  # A: 20, 40; per seed (20+40)/2=30, (40+60)/2=50
     assert lines[3].startswith("| fedavg | 1 | 0.00") and "15.00" in lines[3]
     # against prr: the pairs (A, 0) 0 vs 20 and (B, 0) 30 vs 40; differences -20, -10: t = -15 / (7.071 / sqrt 2) = -3
@@ -486,7 +496,7 @@ def test_minority_recall_names_the_most_imbalanced_site_and_averages_each_sites_
     lines = minority_recall_table(results, ["prr", "fedavg"], ("nv", "bkl", "mel"), reference="prr").splitlines()
     assert lines[0].endswith("| p (vs prr) |")
     assert lines[2].endswith("| 40.00 ± 14.14 | – |") and lines[3].endswith("| 15.00 | 0.205 (t, n=2) |")
-    assert "Site A is the most imbalanced (90 nv, 9 bkl, 1 mel training images)" in table
+    assert "site-1_A is the most imbalanced (90 nv, 9 bkl, 1 mel training images)" in table
     assert minority_recall_table([site("prr", 0, "A", [90, 9, 1], [])], ["prr"], ("nv", "bkl", "mel")) is None  # no recall kept
 
 
@@ -610,7 +620,7 @@ def test_the_overlays_title_and_colour_legend_stand_clear_of_the_slices(workspac
     fig = overlays_figure(results, order, ["A", "B", "C", "D"])
     assert [ax.get_ylabel() for ax in fig.axes if ax.get_ylabel()] == [m for m in order if m != "prr/deputy"]
     assert len(order) == 17
-    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == ["A", "B", "C", "D"]
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == ["site-1_A", "site-2_B", "site-3_C", "site-4_D"]
     colours = {matplotlib.colors.to_hex(c) for ax in fig.axes for cs in ax.collections for c in cs.get_edgecolor()}
     assert colours == {matplotlib.colors.to_hex(TRUTH_COLOUR), matplotlib.colors.to_hex(PREDICTION_COLOUR)}
     [legend] = fig.legends

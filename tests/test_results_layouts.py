@@ -19,13 +19,14 @@ HOSPITALS = ["vidir-modern", "vidir-molemax"]  # in `prrfl deploy poc` (workspac
 
 
 def table(clients: list[str]) -> list[str]:
-    """What every layout prints for that run, with the server's participation."""
+    """What every layout prints for that run, with the server's participation: each site by its label, the client
+    name and the cohort (`site-1_A`; a POC's hospital `vidir-modern_A`)."""
     first, second = clients
     return [
         "| site | best round | rounds | test F1 | test AUC |",
         "|---|---|---|---|---|",
-        f"| {first} | 1 | 2/2 | 61.25 | 82.50 |",
-        f"| {second} | 1 | 2/2 | 40.00 | 71.00 |",
+        f"| {first}_A | 1 | 2/2 | 61.25 | 82.50 |",
+        f"| {second}_B | 1 | 2/2 | 40.00 | 71.00 |",
         "| **mean** | | | **50.62** | **76.75** |",
     ]
 
@@ -158,7 +159,7 @@ def test_the_results_file_itself_and_a_sites_own_workspace_without_the_servers_f
     assert lines[2:6] == [
         "| site | best round | test F1 | test AUC |",
         "|---|---|---|---|",
-        "| site-2 | 1 | 40.00 | 71.00 |",
+        "| site-2_B | 1 | 40.00 | 71.00 |",
         "| **mean** | | **40.00** | **71.00** |",
     ]
 

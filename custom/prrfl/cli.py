@@ -126,11 +126,12 @@ def _report(args: argparse.Namespace) -> int:
 
 def _crosseval(args: argparse.Namespace) -> int:
     from prrfl.crosseval import summary_line, write_crosseval
+    from prrfl.report.protocol import run_matrix
 
     for ws in args.workspaces:
         for path in write_crosseval(ws, args.device):
             result = load_json(path)
-            print(f"{result['method']} seed {result['seed']}: {summary_line(result)} ({path})")
+            print(f"{result['method']} seed {result['seed']}: {summary_line(result)} ({path})\n\n{run_matrix(result)}\n")
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from prrfl.config import RunConfig
+from prrfl.naming import site_label
 from prrfl.numerics import prepare_model
 from prrfl.registry import build_method, build_task
 from prrfl.site.state import (
@@ -48,10 +49,11 @@ class SavedModel:
 
     def describe(self) -> str:
         """Which model this is, on one line: its file, site, run, round and the first 12 hex digits of its
-        weights' sha256 (e.g. "derm/prr best_personal.pt of site-1 (A), run r1, round 3, sha256 3f2a...")."""
+        weights' sha256 (e.g. "derm/prr best_personal.pt of site-1_A, run r1, round 3, sha256 3f2a...": the site by its
+        label, prrfl.naming)."""
         c = self.card
         return (
-            f"{c['task']}/{c['method']} {c['model_file']} of {c['site']} ({c['cohort']}), run {c['run_id']}, round {c['round']}, "
+            f"{c['task']}/{c['method']} {c['model_file']} of {site_label(c['site'], c['cohort'])}, run {c['run_id']}, round {c['round']}, "
             f"sha256 {self.weights_sha256[:12]}"
         )
 
@@ -171,7 +173,7 @@ def evaluate_saved_model(
         "model": str(saved.path),
         "task": saved.card["task"],
         "method": saved.card["method"],
-        "trained_at": f"{saved.card['site']} ({saved.card['cohort']}), round {saved.card['round']}",
+        "trained_at": f"{site_label(saved.card['site'], saved.card['cohort'])}, round {saved.card['round']}",
         "data_root": str(data_root),
         "cohort": cohort,
         "split": split,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from prrfl.metrics import label, nanmean
+from prrfl.naming import site_label
 
 
 def participation(history: list[dict[str, Any]], sites: list[str]) -> dict[str, dict[str, Any]]:
@@ -28,10 +29,10 @@ def participation(history: list[dict[str, Any]], sites: list[str]) -> dict[str, 
 
 
 def results_table(summaries: dict[str, dict[str, Any]], metrics: Sequence[str], note: str = "") -> str:
-    """Markdown table: one row per site (test metrics at its best validation round) and the mean. With
-    the server's `participation` in the summaries, a column of rounds taken part in, and a mark plus a
-    note for every site whose numbers are stale or that missed rounds; then `note` (the task's
-    `table_note`: how its metrics count)."""
+    """Markdown table: one row per site, named by its site label (`site-1_A`, prrfl.naming), with its test metrics at
+    its best validation round, and the mean. With the server's `participation` in the summaries, a column of rounds
+    taken part in, and a mark plus a note for every site whose numbers are stale or that missed rounds; then `note`
+    (the task's `table_note`: how its metrics count)."""
     with_rounds = any("participation" in s for s in summaries.values())
     header = "| site | best round | " + ("rounds | " if with_rounds else "") + " | ".join(f"test {label(m)}" for m in metrics) + " |"
     lines = [header, "|" + "---|" * (2 + with_rounds + len(metrics))]
@@ -45,20 +46,21 @@ def results_table(summaries: dict[str, dict[str, Any]], metrics: Sequence[str], 
             v = test.get(m, math.nan)
             columns[m].append(v)
             values.append("-" if math.isnan(v) else f"{v:.2f}")
-        name, rounds = site, ""
+        site_name = site_label(site, summaries[site].get("cohort"))
+        name, rounds = site_name, ""
         part = summaries[site].get("participation")
         if with_rounds:
             rounds = f"{len(part['aggregated'])}/{part['rounds']} | " if part else "- | "
         if part and part["missed"]:
             last = part["aggregated"][-1] if part["aggregated"] else None
-            name = f"{site} (stale)" if part["stale"] else f"{site} (missed rounds)"
+            name = f"{site_name} (stale)" if part["stale"] else f"{site_name} (missed rounds)"
             if last is None:
                 stale = "; no upload of it was ever aggregated, so it has no numbers"
             elif part["stale"]:
                 stale = f"; its numbers are those of round {last}, its last aggregated upload"
             else:
                 stale = ""
-            notes.append(f"* {site}: missed round(s) {part['missed']}{stale}")
+            notes.append(f"* {site_name}: missed round(s) {part['missed']}{stale}")
         lines.append(f"| {name} | {best.get('round', '-')} | {rounds}" + " | ".join(values) + " |")
     means = [nanmean(columns[m]) for m in metrics]
     lines.append("| **mean** | | " + ("| " if with_rounds else "") + " | ".join(f"**{v:.2f}**" for v in means) + " |")

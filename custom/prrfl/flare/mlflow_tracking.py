@@ -3,7 +3,8 @@
 Run names: FLARE names a site's run `<client>-<job id>-<job name>-FLARE FL Run` and tags it `run_name` with
 that string. Here the runs are named as in TensorBoard (prrfl.flare.tracking), since the job is already the
 experiment and its id the `job_id` tag: `federation` for the server's own scalars (a run added here), the
-FLARE client for a site until the workflow publishes its cohort, then `<client>_<cohort>` (tagged `cohort`).
+FLARE client for a site until the workflow publishes its cohort, then its site label `<client>_<cohort>`
+(prrfl.naming; tagged `cohort`).
 The `run_name` tag is renamed with the run, so it always equals the name the UI shows (`mlflow.runName`).
 
 Params: every run carries the run's config (`mlflow_params`), read from the job's workflow when the job

@@ -3,11 +3,11 @@ the runs and the events their receivers take."""
 
 from __future__ import annotations
 
-import re
-
 from nvflare.apis.analytix import ANALYTIC_EVENT_TYPE
 from nvflare.apis.fl_constant import EventScope, FLContextKey
 from nvflare.apis.fl_context import FLContext
+
+from prrfl.naming import site_label
 
 FEDERATION_RUN = "federation"
 COHORTS_PROP = "prrfl.cohorts"  # sticky FLContext property: FLARE client name -> cohort
@@ -17,11 +17,9 @@ EVENTS = [ANALYTIC_EVENT_TYPE, "fed." + ANALYTIC_EVENT_TYPE]
 
 
 def run_name(origin: str, cohorts: dict[str, str] | None) -> str:
-    """`site-2_B` for a site whose cohort is known; unsafe characters of the cohort become '-'."""
-    cohort = (cohorts or {}).get(origin)
-    if not cohort:
-        return origin
-    return f"{origin}_{re.sub(r'[^A-Za-z0-9._-]+', '-', str(cohort)).strip('-') or 'cohort'}"
+    """The run of the FLARE client `origin`: its site label (prrfl.naming: `site-2_B`), the client name while its
+    cohort is not known."""
+    return site_label(origin, (cohorts or {}).get(origin))
 
 
 def is_from_server(fl_ctx: FLContext) -> bool:

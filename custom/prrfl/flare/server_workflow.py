@@ -34,6 +34,7 @@ from prrfl.flare.places import RunLock, WorkspaceBusy, differences
 from prrfl.flare.tracking import RECEIVER_ID, TensorBoardReceiver, publish_cohorts, send_scalars
 from prrfl.messages import PrepareReply
 from prrfl.metrics import nanmean
+from prrfl.naming import site_label
 from prrfl.registry import build_method, build_task, validate_config
 from prrfl.server.checks import summary_problem
 from prrfl.server.federation import Event, Federation, RoundAnswers, ServerState, new_run_id
@@ -480,7 +481,7 @@ class PersonalizedWorkflow(PerClientController):
         for site, summary in sorted(summaries.items()):
             last = (summary.get("last") or {}).get("test", {})
             if metric in last:
-                parts.append(f"{site} {metric}={last[metric]:.1f}")
+                parts.append(f"{site_label(site, summary.get('cohort'))} {metric}={last[metric]:.1f}")
         rss = psutil.Process().memory_info().rss / 2**20  # benchmarks/memory.py follows it over the rounds
         kinds = {(s.get("last") or {}).get("kind") for s in summaries.values()}
         model = f"{role}, the global model as received" if "download" in kinds else role

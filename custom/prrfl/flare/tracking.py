@@ -1,11 +1,12 @@
-"""Experiment tracking a person can read: one run per site named by its cohort, and one federation run.
+"""Experiment tracking a person can read: one run per site named by its site label, and one federation run.
 
 The sites stream their scalars to the server (FLARE's Client API SummaryWriter + ConvertToFedEvent); the
 server's receiver writes them. Without help FLARE names each run after the FLARE client ("site-1"), which
 says nothing about the hospital. Here:
 
-* a site's run is `<client>_<cohort>` (e.g. `site-2_B`), the cohort being what the site reported when it
-  prepared its data; the workflow publishes the mapping (`publish_cohorts`) before any site trains;
+* a site's run is its site label, `<client>_<cohort>` (e.g. `site-2_B`: prrfl.naming, the name the results
+  tables, the cross-site matrices and the reports give the site too), the cohort being what the site reported when
+  it prepared its data; the workflow publishes the mapping (`publish_cohorts`) before any site trains;
 * the server's own scalars (mean over the sites per round, the number of sites aggregated, the method's
   server-side values such as PFA's r) go to the run `federation`. They use the sites' tag names where
   they are the same quantity (`test/f1` is a site's test F1 in a site's run and the sites' mean in the
@@ -94,7 +95,7 @@ class EventWriter(TensorBoardEventWriter):
 
 
 class TensorBoardReceiver(TBAnalyticsReceiver):
-    """FLARE's TensorBoard receiver with readable run names: `<client>_<cohort>` per site, `federation` for
+    """FLARE's TensorBoard receiver with readable run names: the site label `<client>_<cohort>` per site, `federation` for
     the server. Event files: <server run dir>/tb_events/<run name>/.
 
     Each event is written when it arrives, to an event file kept open (`EventWriter`). When the files are deleted

@@ -20,12 +20,14 @@ from prrfl.report.tables import (
     minority_recall_table,
     retrogress_summary,
     retrogress_table,
+    row_labels,
     runs_table,
     shared_drop_tests,
     table_ii,
     table_x,
 )
 from prrfl.storage import save_text
+from prrfl.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,6 @@ def build_report(
     overlays = plot_overlays(results, order, out / OVERLAYS, facts.site_names)  # segmentation runs write examples
     if overlays is None and (out / OVERLAYS).is_file():  # built earlier from the examples arrays kept results leave out
         overlays = out / OVERLAYS
-    figures += [overlays] if overlays else []
     names = " and ".join([", ".join(label(m) for m in metrics[:-1]), label(metrics[-1])] if len(metrics) > 1 else [label(metrics[0])])
     sections = [
         f"# Results: {facts.name}\n",
@@ -80,7 +81,8 @@ def build_report(
         sections.append(f"## Ablations (the paper's Table IV layout)\n\n{ablations}\n")
     if facts.ood_cohort and facts.ood_scored_by:
         table = table_x(rows, order, facts.ood_scored_by, metrics)
-        sections.append(f"## Table X: out-of-distribution cohort, site {facts.ood_scored_by}'s model\n\n{table}\n")
+        scorer = row_labels(rows).get(facts.ood_scored_by, facts.ood_scored_by)
+        sections.append(f"## Table X: out-of-distribution cohort, {scorer}'s model\n\n{table}\n")
     protocols = protocol_results(results)
     if protocols:
         table = protocol_table(protocols, order, facts.protocol_metrics)
@@ -100,7 +102,7 @@ def build_report(
         sections.append(f"## Class imbalance: the rarest class's recall\n\n{minority}\n")
     sections += [
         f"## Retrogress after communication\n\n{retrogress_table(summary, primary, shared_summary, shared_p, reference, models)}\n",
-        "## Figures\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in figures) + "\n",
+        f"## Figures\n\n{_figures_section(figures, overlays, primary, facts.examples is not Task.examples)}\n",
     ]
     return save_text("\n".join(sections), out / "report.md")
 
@@ -124,3 +126,32 @@ def _figures(
         figures.append(plot_retrogress(summary, out / "retrogress.png", reference, metric, shared))
 
     return figures
+
+
+def _figures_section(drawn: Sequence[Path], overlays: Path | None, metric: str, examples: bool) -> str:
+    """What the report's figures are and where they come from. The plots drawn from the results files (the retrogress
+    bars, each method's curves) are linked, not embedded: `prrfl report` draws them again from the same files, so a
+    copy of the report may leave them out. The overlays, drawn from the examples arrays a segmentation site writes
+    (which a kept run leaves out), are embedded; `examples`: whether the task's sites write them."""
+    parts = []
+    if drawn:
+        retrogress = [p for p in drawn if p.name == "retrogress.png"]
+        curves = [p for p in drawn if p not in retrogress]
+        links = [f"[{p.name}]({p.name}), the retrogress table above as bars" for p in retrogress]
+        if curves:
+            links.append(
+                f"each method's test {label(metric)} of every site over the local epochs, the communication rounds marked: "
+                + ", ".join(f"[{p.name}]({p.name})" for p in curves)
+            )
+        parts.append("Drawn by `prrfl report` from the results files into this report's folder: " + "; ".join(links) + ".")
+    if overlays:
+        parts.append(
+            "A test slice of each site for each method, the truth and the prediction as contours (drawn from the examples "
+            f"each segmentation site writes beside its results):\n\n![{overlays.stem}]({overlays.name})"
+        )
+    elif examples:
+        parts.append(
+            f"No {OVERLAYS}: these results hold no examples arrays (a kept run leaves them out); `prrfl report` draws it "
+            "(a test slice of each site for each method) from runs that have them."
+        )
+    return "\n\n".join(parts) or "No figures: these results hold no per-epoch records and no examples."

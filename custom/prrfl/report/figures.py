@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from prrfl.metrics import label
+from prrfl.naming import cohort_labels
 from prrfl.report.runs import SiteResult
 from prrfl.report.stats import sample_std
 from prrfl.report.tables import ordered
@@ -67,12 +68,12 @@ def plot_curves(method: str, results: Sequence[SiteResult], colours: dict[str, A
     communication rounds marked; with several seeds the mean and a ±1 std band."""
     plt = _pyplot()
     seeds = len({r.seed for r in results})
-    sites = {r.cohort: r.site for r in results}
+    names = cohort_labels((r.site, r.cohort) for r in results)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for epoch in _communication_epochs(results):
         ax.axvline(epoch, color="0.88", lw=0.8, zorder=0)
-    for cohort, (x, mean, std) in sorted(site_curves(results, metric).items()):
-        ax.plot(x, mean, color=colours[cohort], lw=1.6, label=f"{cohort} ({sites[cohort]})")
+    for cohort, (x, mean, std) in sorted(site_curves(results, metric).items(), key=lambda item: names[item[0]]):  # site-1 first
+        ax.plot(x, mean, color=colours[cohort], lw=1.6, label=names[cohort])
         if seeds > 1:
             ax.fill_between(x, mean - std, mean + std, color=colours[cohort], alpha=0.15, lw=0)
     ax.set_ylim(0, 100)
@@ -100,13 +101,14 @@ def plot_overlays(results: Sequence[SiteResult], methods: Sequence[str], path: P
 
 
 def overlays_figure(results: Sequence[SiteResult], methods: Sequence[str], site_order: Sequence[str] = ()):
-    """Fig. 4 of the TMI paper: one test slice per site (columns) for each method (rows), the true contour
-    in sky blue and the method's predicted contour in orange (a pair colour-blind readers tell apart), from each
-    run's examples file (the lowest seed of each method; the first example of each site, i.e. the largest prostate
+    """Fig. 4 of the TMI paper: one test slice per site (columns, each named by its site label) for each method
+    (rows), the true contour in sky blue and the method's predicted contour in orange (a pair colour-blind readers
+    tell apart), from each run's examples file (the lowest seed of each method; the first example of each site, i.e. the largest prostate
     section of its first test volume). The examples are the reported model's: the other models a run scored
     (`<method>/deputy`, `<method>/trained`) have no row. The title stands above the slices and the colour legend
     below them, the constrained layout keeping room for both. None when no run wrote examples."""
     chosen: dict[tuple[str, str], Any] = {}
+    names = cohort_labels((r.site, r.cohort) for r in results)
     for r in sorted(results, key=lambda r: r.seed):
         file = r.path.parent / EXAMPLES_FILE
         if not r.other_model and (r.method, r.cohort) not in chosen and file.is_file():
@@ -134,7 +136,7 @@ def overlays_figure(results: Sequence[SiteResult], methods: Sequence[str], site_
                     if mask.any():
                         ax.contour(mask, levels=[0.5], colors=colour, linewidths=1.2)
             if i == 0:
-                ax.set_title(cohort, fontsize=10)
+                ax.set_title(names[cohort], fontsize=10)
             if j == 0:
                 ax.set_ylabel(method, fontsize=10)
     fig.suptitle(f"Test slices: ground truth ({TRUTH_NAME}) and prediction ({PREDICTION_NAME})", fontsize=10)

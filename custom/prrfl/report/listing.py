@@ -13,7 +13,7 @@ from typing import Any
 from prrfl.crosseval import CROSSEVAL_FILE
 from prrfl.kept import is_kept
 from prrfl.registry import task_class
-from prrfl.report.protocol import cross_site_table
+from prrfl.report.protocol import run_matrix
 from prrfl.report.runs import LEGACY_TASK
 from prrfl.storage import existing_json, find_json, holder, load_json
 from prrfl.summary import results_table
@@ -54,7 +54,7 @@ class RunResults:
         facts = task_class(self.task)
         table = results_table(self.summaries, facts.table_metrics, facts.table_note)
         if self.crosseval:
-            matrix = cross_site_table([self.crosseval], self.crosseval["method"], facts.metric_names[0], facts.site_names)
+            matrix = run_matrix(self.crosseval, self.task)
             table += f"\n\nCross-site evaluation: each site's best model (rows) on each site's test split\n\n{matrix}"
         return table
 

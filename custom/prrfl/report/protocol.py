@@ -9,6 +9,8 @@ from typing import Any
 
 from prrfl.crosseval import CROSSEVAL_FILE
 from prrfl.metrics import label
+from prrfl.naming import cohort_labels
+from prrfl.registry import task_class
 from prrfl.report.runs import SiteResult
 from prrfl.report.stats import mean_std
 from prrfl.report.tables import _markdown, ordered
@@ -97,18 +99,26 @@ def protocol_table(protocols: Sequence[dict[str, Any]], methods: Sequence[str], 
 
 
 def cross_site_table(protocols: Sequence[dict[str, Any]], method: str, metric: str, site_order: Sequence[str] = ()) -> str:
-    """One method's cross-site matrix: rows = the cohort whose best model scores, columns = the cohort
-    whose test split it scores, `metric` mean ± std over seeds (the diagonal is Table II's value)."""
+    """One method's cross-site matrix: rows = the site whose best model scores, columns = the site whose test split
+    it scores, each named by its site label (`site-1_A`), `metric` mean ± std over seeds (the diagonal is Table II's
+    value). Runs are matched by cohort, in the task's site order."""
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for p in protocols:
-        if p["method"] != method:
-            continue
+    runs = [p for p in protocols if p["method"] == method]
+    for p in runs:
         cohorts = p["cohorts"]
         for model_site, row in p["cross_site"].items():
             for test_site, values in row.items():
                 cells[(cohorts[model_site], cohorts[test_site])].append(values[metric])
+    names = cohort_labels((site, cohort) for p in runs for site, cohort in p["cohorts"].items())
     models = ordered({m for m, _ in cells}, site_order)
     tests = ordered({t for _, t in cells}, site_order)
-    role = next((p.get("reported_model") for p in protocols if p["method"] == method and p.get("reported_model")), None)
-    body = [[f"{m}'s {role or 'model'}"] + [mean_std(cells.get((m, t), [])) for t in tests] for m in models]
-    return _markdown([f"{method}: {label(metric)} on →"] + tests, body)
+    role = next((p.get("reported_model") for p in runs if p.get("reported_model")), None)
+    body = [[f"{names[m]}'s {role or 'model'}"] + [mean_std(cells.get((m, t), [])) for t in tests] for m in models]
+    return _markdown([f"{method}: {label(metric)} on →"] + [names[t] for t in tests], body)
+
+
+def run_matrix(crosseval: dict[str, Any], task: str | None = None) -> str:
+    """One run's cross-site matrix (its crosseval.json) in its task's primary metric, as `prrfl results` and
+    `prrfl crosseval` print it; `task`: the run's, where the file does not name it."""
+    facts = task_class(crosseval.get("task") or task)
+    return cross_site_table([crosseval], crosseval["method"], facts.metric_names[0], facts.site_names)

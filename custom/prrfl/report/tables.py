@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from prrfl.metrics import label
+from prrfl.naming import cohort_labels, site_label
 from prrfl.report.runs import SiteResult
 from prrfl.report.stats import (
     MISSING,
@@ -41,15 +42,22 @@ def ordered(cohorts: Iterable[str], known: Sequence[str] = ()) -> list[str]:
     return [c for c in known if c in present] + sorted(present - set(known))
 
 
+def row_labels(rows: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """cohort -> the site label (`site-1_A`, prrfl.naming) that names it in a table of these tidy rows."""
+    return cohort_labels((row["site"], row["cohort"]) for row in rows)
+
+
 def table_ii(
     rows: Sequence[dict[str, Any]], methods: Sequence[str], reference: str, metrics: Sequence[str], site_order: Sequence[str] = ()
 ) -> str:
-    """Rows = methods; columns = each cohort's metrics at the best validation round, their average
-    over the sites, and the paired test of the first metric against the reference."""
+    """Rows = methods; columns = each site's metrics at the best validation round (the site named by its label,
+    `site-1_A`; runs matched by cohort), their average over the sites, and the paired test of the first metric
+    against the reference."""
     values = {m: values_by_method(rows, "best_test", m) for m in metrics}
     cohorts = ordered((row["cohort"] for row in rows if row["split"] == "best_test"), site_order)
+    names = row_labels(rows)
     first = metrics[0]
-    header = ["method", "seeds"] + [f"{c} {label(m)}" for c in cohorts for m in metrics]
+    header = ["method", "seeds"] + [f"{names[c]} {label(m)}" for c in cohorts for m in metrics]
     header += [f"Avg {label(m)}" for m in metrics] + [f"Avg {label(first)}, last round", f"p ({label(first)} vs {reference})"]
     last = values_by_method(rows, "last_test", first)
     body = []
@@ -114,15 +122,16 @@ def ablation_table(rows: Sequence[dict[str, Any]], methods: Sequence[str], refer
 def table_x(rows: Sequence[dict[str, Any]], methods: Sequence[str], cohort: str, metrics: Sequence[str]) -> str:
     """The out-of-distribution cohort, scored by the best model of the site of `cohort`."""
     ood = [row for row in rows if row["split"] == "ood" and row["cohort"] == cohort]
+    site = row_labels(rows).get(cohort, cohort)
     if not ood:
-        return f"No out-of-distribution evaluation of site {cohort}'s model in these results."
+        return f"No out-of-distribution evaluation of {site}'s model in these results."
     values = {m: values_by_method(ood, "ood", m) for m in metrics}
     body = []
     for method in methods:
         seeds = len(values[metrics[0]].get(method, {}))
         body.append([method, str(seeds)] + [mean_std(list(values[m].get(method, {}).values())) for m in metrics])
     header = ["method", "seeds"] + [f"OOD {label(m)}" for m in metrics]
-    note = f"Best-on-validation model of site {cohort} on the out-of-distribution cohort; mean ± sample std over seeds."
+    note = f"Best-on-validation model of {site} on the out-of-distribution cohort; mean ± sample std over seeds."
     return _markdown(header, body) + "\n\n" + note
 
 
@@ -153,11 +162,12 @@ def minority_recall_table(
         if reference is not None:
             row.append(MISSING if method == reference else str(paired_test(own, by_key.get(reference, {}))))
         body.append(row)
-    header = ["method", "seeds", f"site {worst}: recall of {name}", "mean over sites of the rarest class's recall"]
+    site = cohort_labels((r.site, r.cohort) for r in results)[worst]
+    header = ["method", "seeds", f"{site}: recall of {name}", "mean over sites of the rarest class's recall"]
     header += [f"p (vs {reference})"] if reference is not None else []
     cc = ", ".join(f"{n} {k}" for n, k in zip(counts[worst], class_names))
     note = (
-        f"Site {worst} is the most imbalanced ({cc} training images); its rarest class is {name}. Test recall (%) of "
+        f"{site} is the most imbalanced ({cc} training images); its rarest class is {name}. Test recall (%) of "
         "each site's model at its best validation round, mean ± sample std over seeds; the last column averages each "
         "site's recall of its own rarest training class first. A class imbalance method (CPA, FCA's prior) should raise it."
         + (
@@ -239,7 +249,7 @@ def runs_table(results: Sequence[SiteResult], methods: Sequence[str]) -> str:
     body = []
     for (method, seed, run_id), sites in sorted(runs.items(), key=lambda kv: (methods.index(kv[0][0]), kv[0][1])):
         rounds = sorted({s.rounds_completed for s in sites})
-        sites_cell = ", ".join(f"{s.site} ({s.cohort})" for s in sites)
+        sites_cell = ", ".join(site_label(s.site, s.cohort) for s in sites)
         body.append([method, _model_name(sites[0]), str(seed), run_id, sites_cell, "/".join(map(str, rounds))])
     return _markdown(["method", "model scored", "seed", "run id", "sites", "rounds completed"], body)
 
