@@ -195,7 +195,9 @@ def test_a_kept_run_leaves_out_what_no_report_reads_and_keeps_every_number_it_re
     assert "models" not in flare and "evaluated_by" not in flare
     for matrix in (flare["cross_site"], own["cross_site"]):  # the primary metric, the one every matrix shows
         assert {k for row in matrix.values() for values in row.values() for k in values} == {"f1"}
-    assert "per_site" not in own["generalization"] and "per_site" not in own["other_models"]["deputy"]["specialization"]
+    assert "per_site" not in own["generalization"] and "per_site" not in own["other_models"]["deputy"]["generalization"]
+    original = load_json(sweep / "prr_s0/prrfl/derm_prr_s0/crosseval.json")  # what FCA's Table 4's paired tests pair
+    assert own["specialization"]["per_site"] == original["specialization"]["per_site"]
     assert load_json(kept.done_marker(run)) == load_json(sweep / "prr_s0.done.json")
 
 

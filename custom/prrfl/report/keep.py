@@ -17,8 +17,9 @@ is, so that a report built from kept runs is the report built from their workspa
 * of the server's results: of each site's summary, what the site's own results file holds (last, ood, download_drop);
 * of a crosseval.json: the hashes of the weights FLARE's cross-site evaluation scored (models) and the sentence saying
   who evaluated (evaluated_by: the same in every file of FLARE's evaluation, which its path names); of its cross-site
-  matrix, the task's primary metric, the one every matrix shows; the per-site values behind its generalization and
-  specialization means (`per_site`), which no table shows.
+  matrix, the task's primary metric, the one every matrix shows; the per-site values behind its generalization
+  means (`per_site`), which no table shows (those of specialization stay: benchmarks/fca_table4.py's paired tests
+  pair FCA's Table 4 specialization by (site, seed)).
 
 `pack` of what `slim` keeps gives the same bytes again: a kept run packed again (benchmarks/keep_results.py
 --compact) changes only where these rules leave out more than the rules it was kept by.
@@ -41,7 +42,7 @@ ROUND_METRICS = ("valid", "test")  # a model's metrics in a round record
 ROUND_PRIMARY_ONLY = ("shared_test",)
 SERVER_SITE_DROPPED = ("last", "ood", "download_drop")
 CROSSEVAL_DROPPED = ("models", "evaluated_by")
-CROSSEVAL_PARTS = ("generalization", "specialization")  # whose per_site values no table shows
+CROSSEVAL_PARTS = ("generalization",)  # whose per_site values no table shows
 
 
 def pack(members: dict[str, Any]) -> bytes:
@@ -151,7 +152,7 @@ def _slim_crosseval(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _no_per_site(data: Any) -> Any:
-    """A crosseval.json (or its part for one of the other models) without the per-site values of its means."""
+    """A crosseval.json (or its part for one of the other models) without the per-site values of its generalization."""
     if not isinstance(data, dict):
         return data
     return {**data, **{part: _without(data[part], ("per_site",)) for part in CROSSEVAL_PARTS if part in data}}
