@@ -45,6 +45,8 @@ TABLE4 = {
     "fca": ("FCA", 75.9, 74.3),
     "fedavg": ("FedAvg, cross entropy (loss comparison)", 63.5, 63.1),
 }
+# the other methods of the bench: PRR (its personalized model P, its deputy D) and TMI's methods
+NAMES = {"prr": "PRR, P", "prr/deputy": "PRR, D", "fml": "FML", "fedproto": "FedProto", "fedbn": "FedBN", "harmofl": "HarmoFL"}
 FCA, PRR_P = "fca", "prr"  # PRR with the paper's CPA loss, its personalized model P
 MISSING_CLASS_CENTRES = ("HAM_vidir_molemax", "MSK", "HAM_vienna_dias")
 
@@ -99,7 +101,9 @@ def table4(protocols: list[dict]) -> str:
                 tests.append(MISSING)
             else:
                 tests.append(f"{fmt(paired_test(spec(label), spec(ref)).p)} / {fmt(paired_test(gen(label), gen(ref)).p)}")
-        name = paper[0] if paper else label
+        base, _, role = label.partition("/")
+        plain = base.split("[")[0] + (f"/{role}" if role else "")
+        name = paper[0] if paper else NAMES.get(plain, label)
         lines.append(
             f"| {name} (`{label}`) | {loss_of(label)} | {len(runs)} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | "
             f"{f'{paper[1]} / {paper[2]}' if paper else MISSING} | {tests[0]} | {tests[1]} |"
