@@ -78,7 +78,13 @@ PAPER: dict[str, Any] = {
 # counts (1,192 images; a class a centre holds keeps at least 3 training and 1 test image where its fold has one), 40 px, 10 rounds x
 # 2 epochs, the learning rate divided by 10 after three quarters of the epochs as FCA's after round 60 of 80. Set by
 # the cost of a run alone (about 5 min on 2 cores), before any method ran on it; the paper profile is FCA's scale.
-BENCH: dict[str, Any] = {**QUICK, "num_rounds": 10, "local_epochs": 2, "lr_step_epochs": 15, "data": {"image_size": 40, "synthetic_scale": 0.05}}
+BENCH: dict[str, Any] = {
+    **QUICK,
+    "num_rounds": 10,
+    "local_epochs": 2,
+    "lr_step_epochs": 15,
+    "data": {"image_size": 40, "synthetic_scale": 0.05},
+}
 
 
 class Isic2019Task(DermoscopyTask):
