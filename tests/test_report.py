@@ -351,6 +351,22 @@ def test_sweep_exports_each_run_runs_the_simulator_and_reports(tmp_path, capsys)
     assert "[1/2] prr_s0: done in" in printed and "[2/2] prr_s1" in printed
 
 
+def test_sweep_runs_every_site_of_its_task_unless_told_otherwise(tmp_path):
+    commands = []
+
+    def failing(command, log):  # records the simulator's command line, then fails the run
+        commands.append(command)
+        return 1
+
+    for task, sites in (("isic2019", "6"), ("prostate", "5"), ("derm", "4")):
+        with pytest.raises(SweepError):
+            sweep(["fedavg"], [0], tmp_path / task, task=task, runner=failing)
+        assert commands[-1][-4:] == ["-n", sites, "-t", sites]
+    with pytest.raises(SweepError):
+        sweep(["fedavg"], [0], tmp_path / "three", sites=3, task="isic2019", runner=failing)
+    assert commands[-1][-4:] == ["-n", "3", "-t", "3"]
+
+
 def test_sweep_skips_runs_that_finished_with_the_same_config_and_reruns_a_changed_one(tmp_path, capsys):
     first = FakeSimulator()
     sweep(["prr"], [0, 1], tmp_path, sites=4, overrides=["num_rounds=3"], runner=first)

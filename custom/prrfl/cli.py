@@ -374,7 +374,7 @@ def _add_sweep(sub, common: argparse.ArgumentParser) -> None:
     sweep.add_argument("--task", default="derm", help="the task of every run (default: derm)")
     sweep.add_argument("--seeds", type=_integers, default="0", help="comma-separated seeds")
     sweep.add_argument("--workspace", required=True, help="folder for the jobs, simulator workspaces, logs and report")
-    sweep.add_argument("--sites", type=int, default=4)
+    sweep.add_argument("--sites", type=int, default=None, help="how many of the task's sites run (default: all of them)")
     sweep.add_argument("--profile", **PROFILE_OPTION)
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field of every run")
     sweep.set_defaults(func=_sweep)

@@ -49,7 +49,7 @@ from prrfl.crosseval import summary_line, write_crosseval
 from prrfl.errors import CommandFailed
 from prrfl.flare.job_recipe import export_job
 from prrfl.flare.jobs import job_config
-from prrfl.registry import build_task, validate_config, validate_job
+from prrfl.registry import build_task, task_class, validate_config, validate_job
 from prrfl.report import SiteResult, build_report, variant_label
 from prrfl.storage import load_json, save_json
 
@@ -166,7 +166,7 @@ def sweep(
     methods: Sequence[str],
     seeds: Sequence[int],
     root: str | Path,
-    sites: int = 4,
+    sites: int | None = None,
     overrides: Sequence[str] = (),
     runner: Runner = run_logged,
     task: str = "derm",
@@ -174,8 +174,10 @@ def sweep(
 ) -> Path:
     """Run every (method, seed) of one task in the simulator one after another, then the report;
     returns the report's report.md. A run that finished before with the same config is not run again.
-    Raises SweepError naming the log file of the first run that fails."""
+    Raises SweepError naming the log file of the first run that fails. `sites`: how many of the task's sites run
+    (default: all of them, as the task names them)."""
     root = Path(root).resolve()
+    sites = sites or len(task_class(task).site_names)
     runs = prepare(methods, seeds, root, overrides, task, profile)
     started = time.perf_counter()
     for i, run in enumerate(runs, 1):
