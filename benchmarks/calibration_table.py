@@ -172,11 +172,10 @@ def _ci(values: list[float]) -> float:
     return float(scipy.stats.t.ppf(0.975, len(values) - 1)) * _std(values) / math.sqrt(len(values))
 
 
-BEGIN, END = "<!-- calibration_table: begin -->", "<!-- calibration_table: end -->"
-
-
-def write_into(doc: Path, text: str) -> None:
-    """Replace what stands between the BEGIN and END markers of `doc` with `text`."""
+def write_into(doc: Path, text: str, name: str = "calibration_table") -> None:
+    """Replace what stands between the `<!-- <name>: begin -->` and `<!-- <name>: end -->` lines of `doc` with `text`
+    (benchmarks/fca_calibration_table.py writes its own tables by its own name)."""
+    BEGIN, END = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
     content = doc.read_text()
     if content.count(BEGIN) != 1 or content.count(END) != 1:
         raise SystemExit(f"{doc}: expected one '{BEGIN}' and one '{END}' line to write the tables between")

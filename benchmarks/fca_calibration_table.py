@@ -119,14 +119,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     text = "\n".join(tables(runs(args.root))) + "\n"
     if args.write:
-        doc = args.write
-        begin, end = "<!-- fca_calibration_table: begin -->", "<!-- fca_calibration_table: end -->"
-        body = doc.read_text()
-        if begin not in body or end not in body:
-            print(f"{doc}: no {begin} ... {end} lines to write between", file=sys.stderr)
-            return 2
-        head, rest = body.split(begin, 1)
-        doc.write_text(f"{head}{begin}\n\n{text}\n{end}{rest.split(end, 1)[1]}")
+        from calibration_table import write_into  # beside this script (its folder leads sys.path)
+
+        write_into(args.write, text, "fca_calibration_table")
     else:
         print(text, end="")
     return 0
