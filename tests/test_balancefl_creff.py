@@ -255,6 +255,8 @@ def test_a_creff_site_reports_its_gradients_at_the_retrained_classifier_and_trai
 HOSTILE_GRADIENTS = {
     "no gradients": (lambda meta: {}, "it sends no class gradients"),
     "a NaN": (lambda meta: {**meta, CLASS_GRADIENTS: [[math.nan] * 24] * 3}, "class_gradients hold NaN or Inf"),
+    # finite, but its norm 1e38 * sqrt(24) = 4.9e38 is above float32's largest 3.4e38: the server's cosines would be Inf
+    "a huge finite row": (lambda meta: {**meta, CLASS_GRADIENTS: [[1e38] * 24] * 3}, "norm overflows float32 (largest 4.9e+38)"),
     "rows of another width": (lambda meta: {**meta, CLASS_GRADIENTS: [[0.1] * 25] * 3}, "class_gradient rows must hold 24 numbers, got 25"),
     "too few rows": (lambda meta: {**meta, CLASS_GRADIENTS: [[0.1] * 24] * 2}, "class_gradients must have one row per class (3)"),
     "strings": (lambda meta: {**meta, CLASS_GRADIENTS: [["a"] * 24] * 3}, "class_gradients must be numbers, got a str"),

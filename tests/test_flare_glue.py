@@ -90,6 +90,8 @@ def _upload(**overrides):
         ({"num_train": 5}, "num_train 5"),
         ({"meta": {"prototypes": [[0.0] * 4] * 2, "prototype_present": [True] * 2}}, "one row per class"),
         ({"meta": {"prototypes": [[math.inf] * 4] * 3, "prototype_present": [True] * 3}}, "prototypes hold NaN"),
+        ({"meta": {"prototypes": [[1e300] * 4] * 3, "prototype_present": [True] * 3}}, "norm overflows float32 \\(largest 2e\\+300\\)"),
+        ({"meta": {"prototypes": [[1e19] * 4] * 3, "prototype_present": [True] * 3}}, None),  # 2e19: float32 holds it
     ],
 )
 def test_malformed_uploads_are_rejected_with_a_reason(overrides, reason):

@@ -110,8 +110,9 @@ def prototype_problem(meta: Any, num_classes: int | None = None) -> str | None:
 
 def class_rows_problem(meta: Any, rows_key: str, present_key: str, num_classes: int | None = None, width: int | None = None) -> str | None:
     """None when the meta carries nothing under `rows_key`, or one row of finite numbers per class (rows of one
-    length; `width`: that length) with a presence flag (bool) per class under `present_key`; `num_classes` None: as
-    many as the rows. Else a one-line reason naming the key (class prototypes, CReFF's class gradients)."""
+    length; `width`: that length; each row's norm within float32's range) with a presence flag (bool) per class under
+    `present_key`; `num_classes` None: as many as the rows. Else a one-line reason naming the key (class prototypes,
+    CReFF's class gradients)."""
     if not isinstance(meta, Mapping):
         return f"its meta is {type_of(meta)}, expected a dict"
     if rows_key not in meta:
@@ -134,11 +135,20 @@ def class_rows_problem(meta: Any, rows_key: str, present_key: str, num_classes: 
         return f"{row_name} rows have different lengths (or none)"
     if width is not None and len(rows[0]) != width:
         return f"{row_name} rows must hold {width} numbers, got {len(rows[0])}"
+    return row_values_problem(rows, rows_key)
+
+
+def row_values_problem(rows: list[list[Any]], rows_key: str) -> str | None:
+    """None when every value of the rows is a finite number and every row's norm is within float32's range (the
+    server's distances and means over them would be Inf otherwise), else a one-line reason naming `rows_key`."""
     odd = next((v for row in rows for v in row if not is_number(v)), None)
     if odd is not None:
         return f"{rows_key} must be numbers, got {type_of(odd)} ({odd!r:.40})"
     if any(not math.isfinite(v) for row in rows for v in row):
         return f"{rows_key} hold NaN or Inf"
+    largest = max(math.hypot(*row) for row in rows)  # hypot: no overflow of its own
+    if largest > torch.finfo(torch.float32).max:
+        return f"{rows_key} hold a row whose norm overflows float32 (largest {largest:.3g})"
     return None
 
 
