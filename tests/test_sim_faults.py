@@ -85,7 +85,14 @@ def test_a_site_killed_in_the_first_round_is_left_out_and_the_job_ends_with_it_m
     (ws / "local" / "prrfl_site.site-7.json").write_text("{}")  # names no site of the job
     sim = simulator(job, ws, 3, tmp_path / "cache", log)
     try:
-        wait_for(lambda: "round 0 (rounds 0-2): sending" in log.read_text(errors="replace"), 240, "round 1 to start")
+        # killed once it holds its round-0 task: a kill in the few ms between the server's send and its first look at
+        # the sites' processes would be a site never seen running the round, waited for until the deadline instead
+        site_log = ws / "site-3" / "log.txt"
+        wait_for(
+            lambda: site_log.exists() and "got task assignment: name=train" in site_log.read_text(errors="replace"),
+            240,
+            "site-3 to take its round-0 task",
+        )
         site_worker(sim, "site-3").send_signal(signal.SIGKILL)
         assert finish(sim, 300) == 0
     finally:
