@@ -249,6 +249,37 @@ def tiny_derm_config(**overrides):
     return RunConfig.from_dict({**job_config("derm_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_DATA, **overrides})
 
 
+def run_simulator(job, workspace, sites: int, cache):
+    """`nvflare simulator` on the exported job, every site a thread (prrfl.sweep's command), the federation cached at
+    `cache`; the completed process."""
+    import os
+    import subprocess
+
+    from prrfl.sweep import simulator_command
+
+    env = {**os.environ, "PRRFL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(simulator_command(job, workspace, sites), env=env, capture_output=True, text=True, timeout=420)
+
+
+def finished_simulation(root, name: str, cfg, sites: int = 2):
+    """Export job `name` with `cfg` under `root` and run it to the end in the simulator (exit 0 asserted): (its
+    workspace, the completed process)."""
+    from prrfl.flare.job_recipe import export_job
+
+    job = export_job(name, root / "jobs", cfg=cfg)
+    proc = run_simulator(job, root / "ws", sites=sites, cache=root / "cache")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return root / "ws", proc
+
+
+@pytest.fixture(scope="session")
+def tiny_derm_run(tmp_path_factory):
+    """derm_prr at tiny_derm_config() run to the end in FLARE's simulator on 2 sites, once per test process: the run
+    the simulator tests read and the recipe and POC tests compare their own runs with, value for value. (workspace,
+    the finished simulator process); tests read it and write nothing into it."""
+    return finished_simulation(tmp_path_factory.mktemp("tiny_derm_run"), "derm_prr", tiny_derm_config())
+
+
 DRILLS_HINT = "a fault drill: run it with --drills (every test) or -m drill (the drills alone)"
 
 

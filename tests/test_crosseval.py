@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_derm_config
+from conftest import finished_simulation, tiny_derm_config
 from sklearn.metrics import balanced_accuracy_score
-from test_e2e_simulator import finished_simulation, scalars_of
+from test_e2e_simulator import scalars_of
 
 from prrfl.config import RunConfig
 from prrfl.crosseval import find_runs, write_crosseval

@@ -21,7 +21,6 @@ from test_recipe import TINY_SETS
 from prrfl.flare import deployment
 from prrfl.flare.deployment import POC_TEMPLATE, kill_process_tree, make_project
 from prrfl.flare.job_recipe import export_job, server_results
-from prrfl.sweep import simulator_command
 
 SITES = ["vidir-modern", "vidir-molemax"]
 
@@ -108,7 +107,7 @@ def deploy_command(tmp_path, num_rounds: int = 2) -> tuple[list[str], dict[str, 
 
 
 @pytest.mark.e2e
-def test_deploy_poc_two_sites(tmp_path, capsys):
+def test_deploy_poc_two_sites(tmp_path, capsys, tiny_derm_run):
     from test_results_layouts import printed_tables
 
     cmd, env, work = deploy_command(tmp_path)
@@ -127,13 +126,11 @@ def test_deploy_poc_two_sites(tmp_path, capsys):
     ((title, table),) = printed_tables(work, capsys).items()
     assert title.startswith("derm_prr (run ") and f"{table}\n" in out and f"| {SITES[0]}_" in table
 
-    # one seed per hospital: the simulator's site-1 and site-2 hold the same cohorts and train the same numbers
-    sim = subprocess.run(
-        simulator_command(work.parent / "jobs/derm_prr", tmp_path / "sim", 2), env=env, capture_output=True, text=True, timeout=300
-    )
-    assert sim.returncode == 0, (sim.stdout + sim.stderr)[-4000:]
+    # one seed per hospital: the simulator's site-1 and site-2 (the same job, tiny_derm_config() at 2 rounds, in
+    # `nvflare simulator`) hold the same cohorts and train the same numbers
+    sim, _ = tiny_derm_run
     for simulated, deployed in zip(("site-1", "site-2"), SITES):
-        theirs = json.loads((tmp_path / "sim" / simulated / "prrfl/derm_prr/results.json").read_text())
+        theirs = json.loads((sim / simulated / "prrfl/derm_prr/results.json").read_text())
         copies = [json.loads(p.read_text()) for p in work.rglob("results.json") if f"/{deployed}/" in str(p)]
         copies = [c for c in copies if c.get("site") == deployed]
         assert copies, f"no results.json of {deployed}"

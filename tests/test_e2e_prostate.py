@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import finished_simulation
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_e2e_simulator import finished_simulation
 
 from prrfl.config import RunConfig
 from prrfl.flare.jobs import job_config

@@ -3,39 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_derm_config
+from conftest import run_simulator, tiny_derm_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from prrfl.config import RunConfig
 from prrfl.flare.job_recipe import export_job
-from prrfl.sweep import simulator_command
 
 pytestmark = pytest.mark.e2e
 
 
-def run_simulator(job: Path, workspace: Path, sites: int, cache: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PRRFL_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(simulator_command(job, workspace, sites), env=env, capture_output=True, text=True, timeout=420)
-
-
-def finished_simulation(root: Path, name: str, cfg, sites: int = 2) -> tuple[Path, subprocess.CompletedProcess]:
-    """Export job `name` with `cfg` under `root` and run it to the end in the simulator (exit 0 asserted)."""
-    job = export_job(name, root / "jobs", cfg=cfg)
-    proc = run_simulator(job, root / "ws", sites=sites, cache=root / "cache")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return root / "ws", proc
-
-
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    return finished_simulation(tmp_path_factory.mktemp("e2e"), "derm_prr", tiny_derm_config())
+def finished_run(tiny_derm_run):
+    return tiny_derm_run
 
 
 def test_sites_and_server_write_results(finished_run):

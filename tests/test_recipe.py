@@ -20,9 +20,8 @@ from nvflare.recipe import PocEnv, ProdEnv, SimEnv
 from nvflare.recipe.spec import Recipe
 
 from prrfl.config import ConfigError
-from prrfl.flare.job_recipe import PACKAGE, PersonalizedRecipe, end_poc_processes, environment, export_job
+from prrfl.flare.job_recipe import PACKAGE, PersonalizedRecipe, end_poc_processes, environment
 from prrfl.flare.jobs import job_config, job_files
-from prrfl.sweep import simulator_command
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SETS = ["--set=num_rounds=2", "--set=local_epochs=1", f"--set=data={json.dumps(TINY_DATA)}"]
@@ -361,7 +360,7 @@ def test_prrfl_run_refuses_a_site_settings_file_the_simulator_would_delete(tmp_p
     assert f"move it into {job_ws / 'local'}" in err and settings.read_text() == '{"device": "cpu"}'
 
 
-def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simulator(tmp_path, capsys):
+def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simulator(tmp_path, capsys, tiny_derm_run):
     from test_results_layouts import printed_tables
 
     env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
@@ -377,13 +376,11 @@ def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simula
     per_site, matrix = table.split("\n\nCross-site evaluation: ")  # prrfl results adds FLARE's cross-site matrix
     assert f"\n\n{per_site}" in out and "| site-1_A's model |" in matrix  # the table `prrfl run` printed
 
-    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config())
-    ref = subprocess.run(simulator_command(job, tmp_path / "ref", 2), env=env, capture_output=True, text=True, timeout=400)
-    assert ref.returncode == 0, (ref.stdout + ref.stderr)[-4000:]
+    ref, _ = tiny_derm_run  # the same job exported (tiny_derm_config()) and run by `nvflare simulator` on 2 sites
     for site in ("site-1", "site-2"):
-        assert site_history(tmp_path / "ws" / "derm_prr", site) == site_history(tmp_path / "ref", site), site
+        assert site_history(tmp_path / "ws" / "derm_prr", site) == site_history(ref, site), site
     mine = torch.load(tmp_path / "ws/derm_prr.state/server/derm_prr/server_state.pt", weights_only=False)
-    theirs = torch.load(tmp_path / "ref.state/server/derm_prr/server_state.pt", weights_only=False)
+    theirs = torch.load(ref.with_name("ws.state") / "server/derm_prr/server_state.pt", weights_only=False)
     for site in ("site-1", "site-2"):
         for key, value in theirs["downloads"][site].params.items():
             assert torch.equal(mine["downloads"][site].params[key], value), (site, key)
