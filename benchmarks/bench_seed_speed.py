@@ -24,11 +24,12 @@ from typing import Any
 from keep_results import members
 
 from prrfl import kept
+from prrfl.crosseval import write_crosseval
 from prrfl.flare.job_recipe import export_job
 from prrfl.registry import build_task, validate_config
 from prrfl.report.keep import slim
 from prrfl.storage import kept_members
-from prrfl.sweep import job_name, run_logged, simulator_command
+from prrfl.sweep import config_differences, job_name, run_logged, simulator_command
 
 CLOCK_KEYS = {"simulator_seconds", "run_id", "seconds", "timing", "wall_seconds", "started", "finished"}
 
@@ -62,6 +63,15 @@ def differences(old: Any, new: Any, where: str = "", limit: int = 5) -> list[str
     return found
 
 
+def compared(old: Any, new: Any, name: str) -> list[str]:
+    """Where the new run's file `name` differs from the kept one's: a results file's config as prrfl sweep compares a
+    finished run's (settings the kept run's code did not know yet count at their defaults), the rest value by value."""
+    if not (isinstance(old, dict) and isinstance(new, dict) and "config" in old and "config" in new):
+        return [f"{name}{d}" for d in differences(old, new)]
+    rest = [f"{name}{d}" for d in differences(*({k: v for k, v in x.items() if k != "config"} for x in (old, new)))]
+    return [f"{name}.config {d}" for d in config_differences(old["config"], validate_config(new["config"]))] + rest
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("kept_run", type=Path, help="a <run>.kept.json.gz of a bench")
@@ -82,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if status:
         print(f"{name}: the simulator failed (exit status {status}); see {work / f'{name}.log'}", file=sys.stderr)
         return 1
+    write_crosseval(run)  # the run's own crosseval.json, as prrfl sweep writes it after the simulator
     fresh = members(run)
     problems = []
     for member_name in sorted(n for n in stored if n != kept.DONE_MEMBER):
@@ -90,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         old = without_clock(slim(kept.member(stored, member_name, args.kept_run)))  # today's rules: a run kept by older ones holds more
         new = without_clock(slim(fresh[member_name]))
-        problems += [f"{member_name}{d}" for d in differences(old, new)]
+        problems += compared(old, new, member_name)
     before = done.get("simulator_seconds")
     print(f"{name} ({cfg.task}, {cfg.method}, seed {cfg.seed}, {cfg.num_rounds} rounds x {cfg.local_epochs} epochs, {sites} sites)")
     print(f"  kept run:  {before:.0f} s simulator wall time" if before else "  kept run:  no wall time recorded")
