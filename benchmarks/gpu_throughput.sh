@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/gpu_throughput.sh speed [workdir] [rounds]
 #   bash benchmarks/gpu_throughput.sh seeds [workdir] [profile] [KEY=VALUE ...]
+#   bash benchmarks/gpu_throughput.sh quick [workdir]
 #
 # speed: training images/s. First one site's bare PyTorch loop beside the site loop (FedAvg, PRR) under each
 #   numerics (benchmarks/site_throughput.py, its last lines a table with the speed-up over float32); then the
@@ -17,8 +18,11 @@
 #   on one GPU) in float32 and with the settings given (default precision=bf16), then one report of both
 #   (<workdir>/seeds/report/report.md: the runs with other numerics are labelled apart, e.g. prr[precision="bf16"],
 #   and Table II's paired tests compare them with float32 PRR).
+# quick: what fits in about 9 minutes of a GPU: the GPU tests (tests/test_gpu.py: no training batch waits for the
+#   device), one site's bare loop beside the site loop in float32 and bf16 + channels_last, the 4-site paper job
+#   for 2 rounds in each of the two, then compile's figures for one site in the time left (QUICK_SECONDS, default 570).
 set -euo pipefail
-MODE=${1:?usage: gpu_throughput.sh speed [workdir] [rounds] | seeds [workdir] [profile] [KEY=VALUE ...]}
+MODE=${1:?usage: gpu_throughput.sh speed [workdir] [rounds] | seeds [workdir] [profile] [KEY=VALUE ...] | quick [workdir]}
 WORK=${2:-/tmp/prrfl_gpu_throughput}
 HERE=$(dirname "$0")
 export PRRFL_CACHE=${PRRFL_CACHE:-$WORK/cache} PYTHONUNBUFFERED=1
@@ -37,6 +41,25 @@ speed)
     bash "$HERE/throughput.sh" derm_prr_paper 4 gpu "$ROUNDS" "$WORK/$name" $numerics | tee "$WORK/$name.md"
   done
   ;;
+quick)
+  start=$(date +%s)
+  left() { echo $((${QUICK_SECONDS:-570} - ($(date +%s) - start))); }
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py || true
+  t0=$(date +%s)
+  python3 -m prrfl.cli data build derm_prr_paper --workers "$(nproc)"
+  echo "data built in $(($(date +%s) - t0)) s"
+  timeout 150 python3 "$HERE/site_throughput.py" derm_prr_paper --device cuda --epochs 2 --numerics float32,bf16+channels_last || true
+  for numerics in "" "precision=bf16 channels_last=true"; do
+    name=$(echo "${numerics:-float32}" | tr ' =' '__')
+    echo "== derm_prr_paper, 4 sites on GPU 0, 2 rounds, ${numerics:-float32}"
+    # shellcheck disable=SC2086 # the settings are words
+    timeout 160 bash "$HERE/throughput.sh" derm_prr_paper 4 gpu 2 "$WORK/$name" $numerics || true
+    pkill -f "nvflare.cli simulator" || true  # a run stopped by the timeout leaves its workers: they would share the GPU
+    pkill -f simulator_worker || true
+  done
+  [ "$(left)" -gt 30 ] && timeout "$(left)" python3 "$HERE/site_throughput.py" derm_prr_paper --device cuda --epochs 2 \
+    --methods fedavg --numerics compile,bf16+channels_last+compile || true
+  ;;
 seeds)
   PROFILE=${3:-bench}
   SETTINGS=("${@:4}")
@@ -54,7 +77,7 @@ seeds)
   python3 -m prrfl.cli report "$WORK/seeds/float32" "$WORK/seeds/$name" --out "$WORK/seeds/report" --task derm
   ;;
 *)
-  echo "usage: gpu_throughput.sh speed [workdir] [rounds] | seeds [workdir] [profile] [KEY=VALUE ...]" >&2
+  echo "usage: gpu_throughput.sh speed [workdir] [rounds] | seeds [workdir] [profile] [KEY=VALUE ...] | quick [workdir]" >&2
   exit 2
   ;;
 esac

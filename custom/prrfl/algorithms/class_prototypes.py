@@ -29,6 +29,7 @@ class PrototypeAccumulator:
             raise ValueError(f"need num_classes >= 1 and dim >= 1, got {num_classes} and {dim}")
         self.sums = torch.zeros(num_classes, dim, dtype=torch.float64)
         self.counts = torch.zeros(num_classes, dtype=torch.long)
+        self._range: tuple[torch.Tensor, torch.Tensor] | None = None  # (lowest, highest) label seen on a GPU
 
     def update(self, features: torch.Tensor, labels: torch.Tensor) -> None:
         """Add features [N, D] (detached) of samples with class indices labels [N]."""
@@ -36,15 +37,28 @@ class PrototypeAccumulator:
         if features.ndim != 2 or features.shape[1] != dim or labels.shape != features.shape[:1]:
             raise ValueError(f"need features [N, {dim}] and labels [N], got {tuple(features.shape)} and {tuple(labels.shape)}")
         labels = labels.long()
-        if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
-            raise ValueError(f"labels must lie in [0, {num_classes}), got {labels.min().item()}..{labels.max().item()}")
         if self.sums.device != features.device:
             self.sums, self.counts = self.sums.to(features.device), self.counts.to(features.device)
+        if not labels.numel():
+            return
+        if labels.device.type == "cpu":
+            self._check(labels.min(), labels.max())
+        else:  # on a GPU the range is read at compute(), so that training never waits for the device
+            low, high = labels.min(), labels.max()
+            self._range = (low, high) if self._range is None else (torch.minimum(self._range[0], low), torch.maximum(self._range[1], high))
+            labels = labels.clamp(0, num_classes - 1)  # an index out of range would end the process on a GPU
         self.sums.index_add_(0, labels, features.detach().to(torch.float64))
         self.counts += torch.bincount(labels, minlength=num_classes)
 
+    def _check(self, low: torch.Tensor, high: torch.Tensor) -> None:
+        if low < 0 or high >= self.sums.shape[0]:
+            raise ValueError(f"labels must lie in [0, {self.sums.shape[0]}), got {low.item()}..{high.item()}")
+
     def compute(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(prototypes [C, D] float64, counts [C] long); an absent class has a zero row and count 0."""
+        """(prototypes [C, D] float64, counts [C] long); an absent class has a zero row and count 0. Labels out of
+        range fed on a GPU raise here (on the CPU, at once)."""
+        if self._range is not None:
+            self._check(*self._range)
         return self.sums / self.counts.clamp(min=1)[:, None], self.counts.clone()
 
 

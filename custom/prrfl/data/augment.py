@@ -20,6 +20,13 @@ import torch.nn.functional as F
 Draw = Callable[..., torch.Tensor]  # draw(*shape): uniform [0, 1) numbers from the augmentation's generator
 
 
+def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host values (random draws made on the CPU, so that a run repeats on any device) onto `device` without
+    waiting for it: a blocking copy to a GPU would first wait for every kernel queued there. The copy from pageable
+    memory is staged before the call returns, so `values` may be freed at once; on the CPU it is `values` itself."""
+    return values.to(device, non_blocking=True)
+
+
 def normalize(images: torch.Tensor) -> torch.Tensor:
     """uint8 [B,C,H,W] -> float in [-1, 1] (mean 0.5, std 0.5 per channel)."""
     return images.float().div_(127.5).sub_(1.0)
@@ -42,7 +49,7 @@ class DermAugment:
         dev = images.device
 
         def draw(*shape: int) -> torch.Tensor:
-            return torch.rand(*shape, generator=generator).to(dev)
+            return to_device(torch.rand(*shape, generator=generator), dev)
 
         x = images.float().div_(255.0)
         vflip = draw(b) < self.flip_p
@@ -56,11 +63,12 @@ class DermAugment:
 
         # one of {blur, noise} for a fraction of the batch; the noise is drawn for every sample (the generator's
         # stream), the blur computed only for the samples it applies to (per sample the same values)
-        choose = draw(b)
-        apply = draw(b) < self.blur_noise_p
-        noisy = x + torch.randn(x.shape, generator=generator).to(dev) * (draw(b) * 0.05 + 0.01)[:, None, None, None]
-        blur = (apply & (choose < 0.5)).nonzero().flatten()
-        x = torch.where((apply & (choose >= 0.5))[:, None, None, None], noisy, x)
+        # which samples are blurred is decided on the host (the draws are there), so that a GPU is not waited for
+        choose = torch.rand(b, generator=generator)
+        apply = torch.rand(b, generator=generator) < self.blur_noise_p
+        noisy = x + to_device(torch.randn(x.shape, generator=generator), dev) * (draw(b) * 0.05 + 0.01)[:, None, None, None]
+        blur = to_device((apply & (choose < 0.5)).nonzero().flatten(), dev)
+        x = torch.where(to_device(apply & (choose >= 0.5), dev)[:, None, None, None], noisy, x)
         if len(blur):
             # imported here: torchvision's import costs seconds of CPU (it loads torch._dynamo), which a FLARE server
             # that builds the task but never augments should not pay before its sites can start
@@ -126,7 +134,7 @@ class SliceAugment:
         b, dev = images.shape[0], images.device
 
         def draw(*shape: int) -> torch.Tensor:
-            return torch.rand(*shape, generator=generator).to(dev)
+            return to_device(torch.rand(*shape, generator=generator), dev)
 
         x = images.float().div_(255.0)
         y = masks[:, None].float()
@@ -138,7 +146,7 @@ class SliceAugment:
             x = x.clamp_(min=0.0).pow(gamma[:, None, None, None])
             mean = x.mean(dim=(1, 2, 3), keepdim=True)
             x = (x - mean) * (1.0 + self.contrast * (2 * draw(b) - 1))[:, None, None, None] + mean
-            x = x + torch.randn(x.shape, generator=generator).to(dev) * self.noise_std * draw(b)[:, None, None, None]
+            x = x + to_device(torch.randn(x.shape, generator=generator), dev) * self.noise_std * draw(b)[:, None, None, None]
         grid = random_affine_grid(x.shape, draw, self.rotate_deg, self.scale, self.shift, self.affine_p)
         x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         y = F.grid_sample(y, grid, mode="nearest", padding_mode="zeros", align_corners=False)

@@ -293,8 +293,8 @@ class PRR(Method):
         """CPA; the task's own term when both CPA parts are off."""
         if not self.opt.uses_cpa:
             return None
-        mask = site.memory["mask"].to(targets.device, torch.float32)
-        gamma = site.memory["gamma"].to(targets.device, torch.float32)
+        mask = site.memory["mask"].to(targets.device, torch.float32, non_blocking=True)
+        gamma = site.memory["gamma"].to(targets.device, torch.float32, non_blocking=True)
         term = cpa.cpa_loss(logits, targets, mask, gamma=gamma)
         mix = self.opt.cpa_ce_mix
         if mix:

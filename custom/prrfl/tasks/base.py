@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from prrfl.config import config_error
+from prrfl.data.augment import to_device
 from prrfl.data.manifest import MANIFEST_NAME
 
 
@@ -198,7 +199,7 @@ class Task:
         training mode: it joins the previous batch. Lazy: each batch is drawn (and augmented, from
         `generator`) when the loop asks for it."""
         n = len(split)
-        order = torch.randperm(n, generator=generator).to(split.targets.device)
+        order = to_device(torch.randperm(n, generator=generator), split.targets.device)
         bounds = list(range(0, n, batch_size))
         if len(bounds) > 1 and n - bounds[-1] == 1:
             bounds.pop()
