@@ -2,6 +2,7 @@
 
     python benchmarks/site_throughput.py [job] [--threads N] [--device cpu|cuda] [--epochs E] [--methods fedavg,prr]
                                          [--numerics float32,bf16,channels_last,compile,bf16+channels_last+compile]
+                                         [--set KEY=VALUE ...]
 
 For a job's task, data and batch size (default derm_prr: the quick dermoscopy federation, 64 px, batch 16), at one
 site (its first cohort), on the same machine, one after the other:
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from prrfl.config import RunConfig
+from prrfl.config import RunConfig, apply_overrides
 from prrfl.messages import Download
 from prrfl.numerics import prepare_model
 from prrfl.registry import build_method, build_task
@@ -114,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--methods", default="fedavg,prr")
     parser.add_argument("--numerics", type=numerics_settings, default="float32", help="comma-separated, each words joined by +")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config field of the job, e.g. data.synthetic_raw_size=[200,150]"
+    )
     args = parser.parse_args(argv)
-    base = job_config(args.job)
+    base = apply_overrides(job_config(args.job), args.set)
     task = build_task(RunConfig.from_dict(base))
     threads = args.threads or max(1, (os.cpu_count() or 1) // len(task.site_names))
     torch.set_num_threads(threads)

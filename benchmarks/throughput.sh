@@ -20,11 +20,11 @@ ROUNDS=${4:-}
 WORK=${5:-/tmp/prrfl_bench_$JOB}
 export PRRFL_CACHE=${PRRFL_CACHE:-$WORK/cache} PYTHONUNBUFFERED=1
 mkdir -p "$WORK"
-t0=$(date +%s)
-python3 -m prrfl.cli data build "$JOB" --workers "$(nproc)"
-t1=$(date +%s); echo "data built in $((t1 - t0)) s"
 SETS=()
 for setting in "${@:6}"; do SETS+=(--set "$setting"); done
+t0=$(date +%s)
+python3 -m prrfl.cli data build "$JOB" --workers "$(nproc)" "${SETS[@]}"
+t1=$(date +%s); echo "data built in $((t1 - t0)) s"
 python3 -m prrfl.cli jobs export "$JOB" --out "$WORK/jobs" ${ROUNDS:+--set num_rounds="$ROUNDS"} "${SETS[@]}"
 GPU=()
 if [ "$DEVICE" = gpu ]; then GPU=(-gpu "$(python3 -c "print(','.join(['0'] * $SITES))")"); fi

@@ -29,6 +29,7 @@ class PrototypeAccumulator:
             raise ValueError(f"need num_classes >= 1 and dim >= 1, got {num_classes} and {dim}")
         self.sums = torch.zeros(num_classes, dim, dtype=torch.float64)
         self.counts = torch.zeros(num_classes, dtype=torch.long)
+        self._empty = True  # nothing added yet
         self._range: tuple[torch.Tensor, torch.Tensor] | None = None  # (lowest, highest) label seen on a GPU
 
     def update(self, features: torch.Tensor, labels: torch.Tensor) -> None:
@@ -37,8 +38,10 @@ class PrototypeAccumulator:
         if features.ndim != 2 or features.shape[1] != dim or labels.shape != features.shape[:1]:
             raise ValueError(f"need features [N, {dim}] and labels [N], got {tuple(features.shape)} and {tuple(labels.shape)}")
         labels = labels.long()
-        if self.sums.device != features.device:
-            self.sums, self.counts = self.sums.to(features.device), self.counts.to(features.device)
+        if self.sums.device != features.device:  # made there, not copied, while nothing was added (no wait for a GPU)
+            move = (lambda t: torch.zeros_like(t, device=features.device)) if self._empty else (lambda t: t.to(features.device))
+            self.sums, self.counts = move(self.sums), move(self.counts)
+        self._empty = False
         if not labels.numel():
             return
         if labels.device.type == "cpu":
@@ -48,7 +51,7 @@ class PrototypeAccumulator:
             self._range = (low, high) if self._range is None else (torch.minimum(self._range[0], low), torch.maximum(self._range[1], high))
             labels = labels.clamp(0, num_classes - 1)  # an index out of range would end the process on a GPU
         self.sums.index_add_(0, labels, features.detach().to(torch.float64))
-        self.counts += torch.bincount(labels, minlength=num_classes)
+        self.counts.index_add_(0, labels, torch.ones_like(labels))  # bincount would wait for a GPU (its size)
 
     def _check(self, low: torch.Tensor, high: torch.Tensor) -> None:
         if low < 0 or high >= self.sums.shape[0]:
