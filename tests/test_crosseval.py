@@ -128,9 +128,9 @@ def assert_specialization_is_what_the_sites_reported(ws, result):
 
 
 @pytest.mark.e2e
-def test_fca_run_scores_generalization_with_its_global_model(tmp_path):
+def test_fca_run_scores_generalization_with_its_global_model(tmp_path, shared_cache):
     cfg = tiny_derm_config(method="fca", run_name="derm_fca", method_args={})
-    ws, _ = finished_simulation(tmp_path, "derm_fca", cfg)
+    ws, _ = finished_simulation(tmp_path, "derm_fca", cfg, shared_cache)
     server = json.loads((ws / "server/simulate_job/results.json").read_text())
     saved = torch.load(server["global_model"]["file"])
     assert server["global_model"]["round"] == 1 and not any("personal_head" in k for k in saved)
@@ -148,9 +148,9 @@ def test_fca_run_scores_generalization_with_its_global_model(tmp_path):
 
 
 @pytest.mark.e2e
-def test_harmofl_run_shares_one_frozen_amplitude_and_scores_with_its_global_model(tmp_path):
+def test_harmofl_run_shares_one_frozen_amplitude_and_scores_with_its_global_model(tmp_path, shared_cache):
     cfg = tiny_derm_config(method="harmofl", run_name="derm_harmofl", method_args={})
-    ws, _ = finished_simulation(tmp_path, "derm_harmofl", cfg)
+    ws, _ = finished_simulation(tmp_path, "derm_harmofl", cfg, shared_cache)
     state = ws.with_name("ws.state")
     amplitudes = [
         torch.load(state / s / "derm_harmofl/site_state.pt", weights_only=False)["models"]["local"]["norm.amplitude"]

@@ -74,7 +74,7 @@ def test_a_server_port_taken_before_the_server_binds_it_is_provisioned_again(tmp
         picks = iter([[taken, *deployment.free_ports(1)]])
         real = deployment.free_ports
         monkeypatch.setattr(deployment, "free_ports", lambda n: next(picks, None) or real(n))
-        env = {"PRRFL_CACHE": str(tmp_path / "cache")}
+        env = {"PRRFL_CACHE": os.environ["PRRFL_CACHE"]}  # the session's federations (conftest)
         with deployment.poc_deployment(tmp_path / "poc", 1, env=env) as dep:
             assert taken not in dep.kits.ports
             assert set(dep.kits.ports) <= deployment.listening_ports(dep.procs.procs["server"].pid)
@@ -87,7 +87,7 @@ def test_a_server_port_taken_before_the_server_binds_it_is_provisioned_again(tmp
 def deploy_command(tmp_path, num_rounds: int = 2) -> tuple[list[str], dict[str, str], os.PathLike]:
     job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(num_rounds=num_rounds))
     work = tmp_path / "poc"
-    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # PRRFL_CACHE: the session's (conftest)
     cmd = [
         sys.executable,
         "-m",
@@ -198,7 +198,7 @@ def test_prrfl_run_on_pocenv_trains_every_site_and_stops_the_deployment(tmp_path
     from test_results_layouts import printed_tables
 
     poc = poc_workspace
-    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # PRRFL_CACHE: the session's (conftest)
     cmd = [sys.executable, "-m", "prrfl.cli", "run", "--env", "poc", "--sites", "2", "--timeout", "300", *TINY_SETS]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500, cwd=tmp_path)
     out = proc.stdout + proc.stderr
@@ -230,7 +230,7 @@ def test_ctrl_c_of_prrfl_run_on_pocenv_returns_promptly_with_the_resume_line(tmp
     from conftest import TINY_DATA
 
     poc = poc_workspace
-    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # PRRFL_CACHE: the session's (conftest)
     sets = ["--set=num_rounds=50", "--set=local_epochs=1", f"--set=data={_json.dumps(TINY_DATA)}"]
     cmd = [sys.executable, "-m", "prrfl.cli", "run", "--env", "poc", "--sites", "2", "--timeout", "600", *sets]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)

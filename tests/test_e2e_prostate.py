@@ -8,21 +8,26 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import finished_simulation
+from conftest import finished_simulation, session_cache
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from prrfl.config import RunConfig
 from prrfl.flare.jobs import job_config
+from prrfl.registry import build_task
 
 pytestmark = pytest.mark.e2e
 
 TINY_PROSTATE = {"image_size": 32, "model_width": 4, "synthetic_scale": 0.1, "synthetic_matrix_scale": 0.15}
 
 
+def tiny_prostate_config(job: str) -> RunConfig:
+    return RunConfig.from_dict({**job_config(job).to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_PROSTATE})
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    cfg = RunConfig.from_dict({**job_config("prostate_prr").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_PROSTATE})
-    return finished_simulation(tmp_path_factory.mktemp("e2e_prostate"), "prostate_prr", cfg)
+    cfg = tiny_prostate_config("prostate_prr")
+    return finished_simulation(tmp_path_factory.mktemp("e2e_prostate"), "prostate_prr", cfg, session_cache(tmp_path_factory))
 
 
 def test_every_site_reports_volume_dice_and_iou(finished_run):
@@ -94,7 +99,7 @@ def test_predict_writes_the_trained_models_masks_on_each_raw_volumes_grid(finish
 
     ws, _ = finished_run
     best = ws.with_name("ws.state") / "site-1/prostate_prr/best_personal.pt"
-    [federation] = (p.parent for p in (ws.parent / "cache").glob("prostate-synth-*/prepared"))
+    federation = build_task(tiny_prostate_config("prostate_prr")).prepared_root(None).parent  # the run's (session cache)
     raw = federation / "raw/RUNMC"
     result = predict(best, raw, tmp_path / "masks")
     volumes = sorted(p for p in raw.glob("*.nii.gz") if "_segmentation" not in p.name.lower())
@@ -120,11 +125,11 @@ def test_predict_writes_the_trained_models_masks_on_each_raw_volumes_grid(finish
     assert compared == len(test.cases) > 0
 
 
-def test_harmofl_runs_on_prostate_and_its_global_model_scores_the_pooled_volumes(tmp_path):
+def test_harmofl_runs_on_prostate_and_its_global_model_scores_the_pooled_volumes(tmp_path, shared_cache):
     from prrfl.crosseval import write_crosseval
 
-    cfg = RunConfig.from_dict({**job_config("prostate_harmofl").to_dict(), "num_rounds": 2, "local_epochs": 1, "data": TINY_PROSTATE})
-    ws, _ = finished_simulation(tmp_path, "prostate_harmofl", cfg)
+    cfg = tiny_prostate_config("prostate_harmofl")
+    ws, _ = finished_simulation(tmp_path, "prostate_harmofl", cfg, shared_cache)
     server = json.loads((ws / "server/simulate_job/results.json").read_text())
     amplitude = torch.load(server["global_model"]["file"])["norm.amplitude"]
     assert amplitude.shape == (1, 32, 32) and amplitude.abs().sum() > 0  # one MRI channel at the slices' size

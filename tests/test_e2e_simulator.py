@@ -180,7 +180,9 @@ def test_predict_on_the_raw_jpegs_reproduces_the_reported_test_metrics(finished_
 
     ws, _ = finished_run
     best = ws.with_name("ws.state") / "site-1/derm_prr/best_personal.pt"
-    [federation] = (p.parent for p in (ws.parent / "cache").glob("derm-synth-*/prepared"))
+    from prrfl.registry import build_task
+
+    federation = build_task(tiny_derm_config()).prepared_root(None).parent  # the run's, in the session's cache
     predict(best, federation / "raw/HAM10000_images", tmp_path / "pred.csv")
     with open(tmp_path / "pred.csv", newline="") as f:
         rows = {Path(r["file"]).stem: r for r in csv.DictReader(f)}
@@ -287,12 +289,12 @@ def with_bad_site(job: Path, script: str, site: str = "site-2", sites: int = 2) 
     return job
 
 
-def test_a_nan_upload_and_a_site_failure_travel_through_flare_and_leave_the_site_out(tmp_path):
+def test_a_nan_upload_and_a_site_failure_travel_through_flare_and_leave_the_site_out(tmp_path, shared_cache):
     """Through FLARE's messages: a NaN weight arrives as NaN and is refused, a site's exception arrives as its
     error; the other site is aggregated every round. (Every rejection rule: tests/test_federation.py.)"""
     job = with_bad_site(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(min_sites=1)), BAD_SITE_SCRIPT)
 
-    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
+    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=shared_cache)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "round 0: rejected the upload of site-2: parameter " in out and " holds NaN or Inf" in out
@@ -311,12 +313,10 @@ def test_a_nan_upload_and_a_site_failure_travel_through_flare_and_leave_the_site
     assert list(crosseval["cross_site"]) == ["site-1"] and list(crosseval["cross_site"]["site-1"]) == ["site-1"]
 
 
-def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):
-    job = export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(), privacy="percentile")
-    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    for site in ("site-1", "site-2"):  # the filter logs on the site, once per upload
+def assert_uploads_were_filtered(tmp_path, out: str) -> None:
+    """FLARE's PercentilePrivacy ran on every upload of both sites (it logs on the site), and the server aggregated
+    the filtered uploads of both, every round."""
+    for site in ("site-1", "site-2"):
         site_log = (tmp_path / "ws" / site / "log.txt").read_text(errors="replace")
         assert site_log.count("PercentilePrivacy - INFO") == 2, f"the filter did not run on every upload of {site}"
     assert "rejected the upload" not in out
@@ -324,11 +324,13 @@ def test_a_job_with_flare_privacy_filters_trains_on_filtered_uploads(tmp_path):
     assert [h["sites"] for h in state["history"]] == [["site-1", "site-2"]] * 2
 
 
-@pytest.mark.parametrize("store", ["sqlite", "file"])
-def test_mlflow_tracking_through_flares_receiver(tmp_path, monkeypatch, store):
+# the file store's run also carries FLARE's privacy filter (one FLARE run for two features that do not interact:
+# the filter changes the uploads' values, the tracking logs whatever the sites measured)
+@pytest.mark.parametrize("store, privacy", [("sqlite", None), ("file", "percentile")], ids=["sqlite", "file-and-privacy-filter"])
+def test_mlflow_tracking_through_flares_receiver(tmp_path, monkeypatch, store, privacy, shared_cache):
     """tracking="mlflow": the sites' runs named by cohort and the federation run, each with the run's config as
     params, in a local MLflow store: by default an SQLite file beside the workspace, out of what the next simulator
-    run wipes; or a file store given as tracking_uri."""
+    run wipes; or a file store given as tracking_uri. privacy="percentile": the job trains on filtered uploads."""
     from mlflow import MlflowClient
 
     from prrfl.flare.mlflow_tracking import method_arguments, mlflow_params
@@ -339,10 +341,12 @@ def test_mlflow_tracking_through_flares_receiver(tmp_path, monkeypatch, store):
         uri = (tmp_path / "mlruns").as_uri()
         monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
     cfg = tiny_derm_config(method_args={"det_enabled": True})
-    job = export_job("derm_prr", tmp_path / "jobs", cfg=cfg, tracking="mlflow", tracking_uri=uri)
-    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=tmp_path / "cache")
+    job = export_job("derm_prr", tmp_path / "jobs", cfg=cfg, tracking="mlflow", tracking_uri=uri, privacy=privacy)
+    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=shared_cache)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
+    if privacy:
+        assert_uploads_were_filtered(tmp_path, out)
     if uri is None:
         assert [p.relative_to(tmp_path) for p in tmp_path.rglob("mlflow.db")] == [Path("ws.state/server/mlflow.db")]
         uri = f"sqlite:///{tmp_path / 'ws.state/server/mlflow.db'}"

@@ -363,7 +363,7 @@ def test_prrfl_run_refuses_a_site_settings_file_the_simulator_would_delete(tmp_p
 def test_prrfl_run_on_simenv_gives_the_numbers_of_the_exported_job_in_the_simulator(tmp_path, capsys, tiny_derm_run):
     from test_results_layouts import printed_tables
 
-    env = {**os.environ, "PRRFL_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # PRRFL_CACHE: the session's (conftest)
     cmd = [sys.executable, "-m", "prrfl.cli", "run", "derm_prr", "--sites", "2", "--workspace", str(tmp_path / "ws"), *TINY_SETS]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=tmp_path)
     out = proc.stdout + proc.stderr
