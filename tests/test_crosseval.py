@@ -4,11 +4,12 @@ generalization, and the whole path on FCA and HarmoFL runs in the simulator."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import finished_simulation, tiny_derm_config
+from conftest import SimulatorRun, session_cache, tiny_derm_config
 from sklearn.metrics import balanced_accuracy_score
 from test_e2e_simulator import scalars_of
 
@@ -127,10 +128,32 @@ def assert_specialization_is_what_the_sites_reported(ws, result):
     assert result["specialization"]["values"] == pytest.approx(means)
 
 
+@pytest.fixture(scope="module")
+def global_model_runs(tmp_path_factory):
+    """The FCA and HarmoFL jobs in FLARE's simulator, started together (tests/conftest.py's SimulatorRun): method ->
+    its SimulatorRun, whose workspace the tests read once it has ended."""
+    from prrfl.flare.job_recipe import export_job
+
+    runs = {}
+    for method in ("fca", "harmofl"):
+        root = tmp_path_factory.mktemp(method)
+        job = export_job(f"derm_{method}", root / "jobs", cfg=tiny_derm_config(method=method, run_name=f"derm_{method}", method_args={}))
+        runs[method] = SimulatorRun(job, root / "ws", 2, session_cache(tmp_path_factory))
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
+def finished(run: SimulatorRun) -> Path:
+    """The run's workspace, once it ended well."""
+    proc = run.result()
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return run.workspace
+
+
 @pytest.mark.e2e
-def test_fca_run_scores_generalization_with_its_global_model(tmp_path, shared_cache):
-    cfg = tiny_derm_config(method="fca", run_name="derm_fca", method_args={})
-    ws, _ = finished_simulation(tmp_path, "derm_fca", cfg, shared_cache)
+def test_fca_run_scores_generalization_with_its_global_model(global_model_runs):
+    ws = finished(global_model_runs["fca"])
     server = json.loads((ws / "server/simulate_job/results.json").read_text())
     saved = torch.load(server["global_model"]["file"])
     assert server["global_model"]["round"] == 1 and not any("personal_head" in k for k in saved)
@@ -148,9 +171,8 @@ def test_fca_run_scores_generalization_with_its_global_model(tmp_path, shared_ca
 
 
 @pytest.mark.e2e
-def test_harmofl_run_shares_one_frozen_amplitude_and_scores_with_its_global_model(tmp_path, shared_cache):
-    cfg = tiny_derm_config(method="harmofl", run_name="derm_harmofl", method_args={})
-    ws, _ = finished_simulation(tmp_path, "derm_harmofl", cfg, shared_cache)
+def test_harmofl_run_shares_one_frozen_amplitude_and_scores_with_its_global_model(global_model_runs):
+    ws = finished(global_model_runs["harmofl"])
     state = ws.with_name("ws.state")
     amplitudes = [
         torch.load(state / s / "derm_harmofl/site_state.pt", weights_only=False)["models"]["local"]["norm.amplitude"]

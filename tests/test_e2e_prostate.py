@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import finished_simulation, session_cache
+from conftest import SimulatorRun, session_cache
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from prrfl.config import RunConfig
+from prrfl.flare.job_recipe import export_job
 from prrfl.flare.jobs import job_config
 from prrfl.registry import build_task
 
@@ -25,9 +26,29 @@ def tiny_prostate_config(job: str) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    cfg = tiny_prostate_config("prostate_prr")
-    return finished_simulation(tmp_path_factory.mktemp("e2e_prostate"), "prostate_prr", cfg, session_cache(tmp_path_factory))
+def prostate_runs(tmp_path_factory):
+    """The prostate PRR and HarmoFL jobs in FLARE's simulator, started together (conftest's SimulatorRun): job ->
+    its SimulatorRun."""
+    runs = {}
+    for job in ("prostate_prr", "prostate_harmofl"):
+        root = tmp_path_factory.mktemp(job)
+        exported = export_job(job, root / "jobs", cfg=tiny_prostate_config(job))
+        runs[job] = SimulatorRun(exported, root / "ws", 2, session_cache(tmp_path_factory))
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
+def finished(run: SimulatorRun):
+    """(the run's workspace, its completed process), once it ended well."""
+    proc = run.result()
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return run.workspace, proc
+
+
+@pytest.fixture(scope="module")
+def finished_run(prostate_runs):
+    return finished(prostate_runs["prostate_prr"])
 
 
 def test_every_site_reports_volume_dice_and_iou(finished_run):
@@ -125,11 +146,10 @@ def test_predict_writes_the_trained_models_masks_on_each_raw_volumes_grid(finish
     assert compared == len(test.cases) > 0
 
 
-def test_harmofl_runs_on_prostate_and_its_global_model_scores_the_pooled_volumes(tmp_path, shared_cache):
+def test_harmofl_runs_on_prostate_and_its_global_model_scores_the_pooled_volumes(prostate_runs):
     from prrfl.crosseval import write_crosseval
 
-    cfg = tiny_prostate_config("prostate_harmofl")
-    ws, _ = finished_simulation(tmp_path, "prostate_harmofl", cfg, shared_cache)
+    ws, _ = finished(prostate_runs["prostate_harmofl"])
     server = json.loads((ws / "server/simulate_job/results.json").read_text())
     amplitude = torch.load(server["global_model"]["file"])["norm.amplitude"]
     assert amplitude.shape == (1, 32, 32) and amplitude.abs().sum() > 0  # one MRI channel at the slices' size

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_simulator, tiny_derm_config
+from conftest import SimulatorRun, session_cache, tiny_derm_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from prrfl.config import RunConfig
@@ -289,12 +289,34 @@ def with_bad_site(job: Path, script: str, site: str = "site-2", sites: int = 2) 
     return job
 
 
-def test_a_nan_upload_and_a_site_failure_travel_through_flare_and_leave_the_site_out(tmp_path, shared_cache):
+MLFLOW_CASES = {"sqlite": ("sqlite", None), "file-and-privacy-filter": ("file", "percentile")}
+
+
+@pytest.fixture(scope="module")
+def own_runs(tmp_path_factory):
+    """The module's FLARE runs of their own (beside the shared tiny_derm_run), started together: each test reads its
+    own. name -> (its folder, its SimulatorRun)."""
+    cache, runs = session_cache(tmp_path_factory), {}
+    root = tmp_path_factory.mktemp("bad_site")
+    job = with_bad_site(export_job("derm_prr", root / "jobs", cfg=tiny_derm_config(min_sites=1)), BAD_SITE_SCRIPT)
+    runs["bad_site"] = (root, SimulatorRun(job, root / "ws", 2, cache))
+    for name, (store, privacy) in MLFLOW_CASES.items():
+        root = tmp_path_factory.mktemp(f"mlflow_{store}")
+        uri = (root / "mlruns").as_uri() if store == "file" else None
+        cfg = tiny_derm_config(method_args={"det_enabled": True})
+        job = export_job("derm_prr", root / "jobs", cfg=cfg, tracking="mlflow", tracking_uri=uri, privacy=privacy)
+        env = {"MLFLOW_ALLOW_FILE_STORE": "true"} if store == "file" else None  # MLflow 3 keeps the file store behind this switch
+        runs[name] = (root, SimulatorRun(job, root / "ws", 2, cache, env))
+    yield runs
+    for _, run in runs.values():
+        run.stop()
+
+
+def test_a_nan_upload_and_a_site_failure_travel_through_flare_and_leave_the_site_out(own_runs):
     """Through FLARE's messages: a NaN weight arrives as NaN and is refused, a site's exception arrives as its
     error; the other site is aggregated every round. (Every rejection rule: tests/test_federation.py.)"""
-    job = with_bad_site(export_job("derm_prr", tmp_path / "jobs", cfg=tiny_derm_config(min_sites=1)), BAD_SITE_SCRIPT)
-
-    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=shared_cache)
+    tmp_path, run = own_runs["bad_site"]
+    proc = run.result()
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "round 0: rejected the upload of site-2: parameter " in out and " holds NaN or Inf" in out
@@ -326,8 +348,8 @@ def assert_uploads_were_filtered(tmp_path, out: str) -> None:
 
 # the file store's run also carries FLARE's privacy filter (one FLARE run for two features that do not interact:
 # the filter changes the uploads' values, the tracking logs whatever the sites measured)
-@pytest.mark.parametrize("store, privacy", [("sqlite", None), ("file", "percentile")], ids=["sqlite", "file-and-privacy-filter"])
-def test_mlflow_tracking_through_flares_receiver(tmp_path, monkeypatch, store, privacy, shared_cache):
+@pytest.mark.parametrize("case", list(MLFLOW_CASES))
+def test_mlflow_tracking_through_flares_receiver(own_runs, monkeypatch, case):
     """tracking="mlflow": the sites' runs named by cohort and the federation run, each with the run's config as
     params, in a local MLflow store: by default an SQLite file beside the workspace, out of what the next simulator
     run wipes; or a file store given as tracking_uri. privacy="percentile": the job trains on filtered uploads."""
@@ -336,13 +358,14 @@ def test_mlflow_tracking_through_flares_receiver(tmp_path, monkeypatch, store, p
     from prrfl.flare.mlflow_tracking import method_arguments, mlflow_params
     from prrfl.registry import build_task
 
+    store, privacy = MLFLOW_CASES[case]
+    tmp_path, run = own_runs[case]
     uri = None
     if store == "file":
         uri = (tmp_path / "mlruns").as_uri()
-        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the client reads the file store behind this switch too
     cfg = tiny_derm_config(method_args={"det_enabled": True})
-    job = export_job("derm_prr", tmp_path / "jobs", cfg=cfg, tracking="mlflow", tracking_uri=uri, privacy=privacy)
-    proc = run_simulator(job, tmp_path / "ws", sites=2, cache=shared_cache)
+    proc = run.result()
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     if privacy:
