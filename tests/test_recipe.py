@@ -176,6 +176,17 @@ def test_privacy_filter_and_bundled_package_in_the_recipe(tmp_path):
     assert (job / "app/custom/prrfl_site.py").exists()
 
 
+def named(proc: subprocess.Popen, where: Path) -> None:
+    """Wait until `proc`'s command line names `where`, as a POC's start-up loop has long done when its pid file is read:
+    Popen returns once exec has begun, and for a moment after that the kernel shows an empty command line."""
+    import psutil
+    from conftest import wait_for
+
+    wait_for(
+        lambda: any(str(where) in part for part in psutil.Process(proc.pid).cmdline()), 10, f"process {proc.pid} to show its command line"
+    )
+
+
 def test_after_a_poc_job_every_poc_process_is_awaited_and_one_that_stays_is_ended(tmp_path):
     """FLARE's POC stop returns with the server down while a site's start-up loop may still be polling;
     `prrfl run --env poc` waits for it (no time limit reached here, however slow the machine) and ends
@@ -186,10 +197,12 @@ def test_after_a_poc_job_every_poc_process_is_awaited_and_one_that_stays_is_ende
     server.mkdir()
     # a loop as sub_start.sh's (a single `sleep` would let bash exec it, dropping the path from the command line)
     loop = subprocess.Popen(["bash", "-c", "for i in 1 2 3 4 5; do sleep 0.2; done", str(site / "startup" / "sub_start.sh")])
+    named(loop, poc)
     (site / "daemon_pid.fl").write_text(f"{loop.pid}\n")
     (server / "pid.fl").write_text(f"{os.getpid()}\n")  # a pid that is not the POC's (e.g. reused): never touched
     assert end_poc_processes(poc, timeout=300.0) == [] and loop.poll() is not None  # it ended by itself
     stays = subprocess.Popen(["bash", "-c", "while :; do sleep 1; done", str(site / "startup" / "sub_start.sh")])
+    named(stays, poc)
     (site / "daemon_pid.fl").write_text(f"{stays.pid}\n")
     (site / "pid.fl").write_text("not a pid\n")
     assert end_poc_processes(poc, timeout=0.1) == [stays.pid]
