@@ -291,6 +291,12 @@ class SimulatorRun:
             self.completed = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, *text)
         return self.completed
 
+    def finished(self, timeout: float = 420):
+        """(the workspace, the completed process) of a run that ended well (exit 0 asserted, its output shown if not)."""
+        proc = self.result(timeout)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        return self.workspace, proc
+
     def stop(self) -> None:
         """End the run and every process it started, if it still runs (a module whose tests failed first)."""
         from prrfl.flare.deployment import kill_process_tree
@@ -299,20 +305,12 @@ class SimulatorRun:
             kill_process_tree(self.proc.pid)
 
 
-def run_simulator(job, workspace, sites: int, cache):
-    """`nvflare simulator` on the exported job (`SimulatorRun`), run to its end: the completed process."""
-    return SimulatorRun(job, workspace, sites, cache).result()
-
-
 def finished_simulation(root, name: str, cfg, cache, sites: int = 2):
     """Export job `name` with `cfg` under `root` and run it to the end in the simulator, its federation in `cache`
     (exit 0 asserted): (its workspace, the completed process)."""
     from prrfl.flare.job_recipe import export_job
 
-    job = export_job(name, root / "jobs", cfg=cfg)
-    proc = run_simulator(job, root / "ws", sites=sites, cache=cache)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return root / "ws", proc
+    return SimulatorRun(export_job(name, root / "jobs", cfg=cfg), root / "ws", sites, cache).finished()
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ generalization, and the whole path on FCA and HarmoFL runs in the simulator."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,16 +143,9 @@ def global_model_runs(tmp_path_factory):
         run.stop()
 
 
-def finished(run: SimulatorRun) -> Path:
-    """The run's workspace, once it ended well."""
-    proc = run.result()
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return run.workspace
-
-
 @pytest.mark.e2e
 def test_fca_run_scores_generalization_with_its_global_model(global_model_runs):
-    ws = finished(global_model_runs["fca"])
+    ws, _ = global_model_runs["fca"].finished()
     server = json.loads((ws / "server/simulate_job/results.json").read_text())
     saved = torch.load(server["global_model"]["file"])
     assert server["global_model"]["round"] == 1 and not any("personal_head" in k for k in saved)
@@ -172,7 +164,7 @@ def test_fca_run_scores_generalization_with_its_global_model(global_model_runs):
 
 @pytest.mark.e2e
 def test_harmofl_run_shares_one_frozen_amplitude_and_scores_with_its_global_model(global_model_runs):
-    ws = finished(global_model_runs["harmofl"])
+    ws, _ = global_model_runs["harmofl"].finished()
     state = ws.with_name("ws.state")
     amplitudes = [
         torch.load(state / s / "derm_harmofl/site_state.pt", weights_only=False)["models"]["local"]["norm.amplitude"]

@@ -39,16 +39,9 @@ def prostate_runs(tmp_path_factory):
         run.stop()
 
 
-def finished(run: SimulatorRun):
-    """(the run's workspace, its completed process), once it ended well."""
-    proc = run.result()
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return run.workspace, proc
-
-
 @pytest.fixture(scope="module")
 def finished_run(prostate_runs):
-    return finished(prostate_runs["prostate_prr"])
+    return prostate_runs["prostate_prr"].finished()
 
 
 def test_every_site_reports_volume_dice_and_iou(finished_run):
@@ -149,7 +142,7 @@ def test_predict_writes_the_trained_models_masks_on_each_raw_volumes_grid(finish
 def test_harmofl_runs_on_prostate_and_its_global_model_scores_the_pooled_volumes(prostate_runs):
     from prrfl.crosseval import write_crosseval
 
-    ws, _ = finished(prostate_runs["prostate_harmofl"])
+    ws, _ = prostate_runs["prostate_harmofl"].finished()
     server = json.loads((ws / "server/simulate_job/results.json").read_text())
     amplitude = torch.load(server["global_model"]["file"])["norm.amplitude"]
     assert amplitude.shape == (1, 32, 32) and amplitude.abs().sum() > 0  # one MRI channel at the slices' size
