@@ -146,6 +146,22 @@ def test_a_site_uploads_the_difference_and_the_server_adds_back_what_it_sent():
         P.upload_to_model(upload, {}, {"w": received["w"]})
 
 
+def test_a_channels_last_sites_upload_streams_through_flare():
+    """FLARE streams each tensor through safetensors, which refuses a tensor not contiguous in the default order: a
+    channels_last model's 4-D weights (prrfl.numerics) once failed the job at the first upload."""
+    from nvflare.app_opt.pt.tensor_downloader import TensorDownloadable
+
+    conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    received = {k: torch.zeros_like(v, memory_format=torch.contiguous_format) for k, v in conv.state_dict().items()}
+    upload = Upload("s", {k: v.detach() for k, v in conv.state_dict().items()}, 6, [1, 2, 3], {})
+    assert not upload.params["weight"].is_contiguous()  # what a channels_last site holds
+    sent = P.upload_to_model(upload, {}, received)
+    streamed = TensorDownloadable(sent.params, max_chunk_size=1 << 20)
+    for i in range(streamed.get_item_count()):
+        assert streamed.produce_item(i)  # bytes, not "You are trying to save a non contiguous tensor"
+    torch.testing.assert_close(sent.params["weight"], conv.weight.detach())
+
+
 def test_flare_percentile_privacy_filter_applies_to_the_upload():
     """The filter a job gets with `prrfl jobs export --privacy percentile`, on the exact result a site sends."""
     received = {"w": torch.randn(20, 30), "n": torch.tensor(7)}

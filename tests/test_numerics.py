@@ -261,6 +261,7 @@ def test_a_model_card_rebuilds_a_model_that_computes_and_scores_as_the_site_did(
     result = evaluate_saved_model(site.state_dir / "best_local.pt", data_root="unused", split="test")
     assert result["metrics"] == card["metrics"]["test"] == site.best["test"]  # the numbers the site chose it with
     submitted = submit_best_model("A", site.state_dir)  # FLARE's cross-site evaluation: sent, rebuilt by its card, scored
+    assert all(v.is_contiguous() for v in submitted.params.values())  # FLARE's safetensors streaming refuses others
     assert validate_model("A", FLModel(params=submitted.params, meta=submitted.meta), SiteConfig()).metrics == site.best["test"]
 
 

@@ -185,7 +185,7 @@ def submit_best_model(site: str, state_dir: Path) -> flare.FLModel:
         raise FileNotFoundError(f"site {site} has no best model to submit: {what} in {state_dir}")
     saved = load_saved_model(found[0], "cpu")
     log.info("site %s: submitting %s (round %d) to cross-site evaluation", site, saved.path, saved.card["round"])
-    return flare.FLModel(params_type=ParamsType.FULL, params=saved.model.state_dict(), meta={CARD: saved.card})
+    return flare.FLModel(params_type=ParamsType.FULL, params=P.streamable(saved.model.state_dict()), meta={CARD: saved.card})
 
 
 def validate_model(site: str, model: flare.FLModel, local: SiteConfig) -> flare.FLModel:

@@ -62,6 +62,12 @@ def model_to_download(model: FLModel) -> Download:
     return Download(params=dict(model.params or {}), meta=meta, round=round_idx, global_class_counts=counts)
 
 
+def streamable(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`params` contiguous in the default memory order: FLARE streams tensors through safetensors, which refuses
+    any other (a channels_last model's 4-D weights: prrfl.numerics)."""
+    return {k: v.contiguous() for k, v in params.items()}
+
+
 def upload_to_model(upload: Upload, summary: dict[str, Any], received: dict[str, torch.Tensor]) -> FLModel:
     """The site's result: its shared weights minus the `received` download, and its statistics."""
     missing = sorted(set(upload.params) - set(received))
@@ -69,7 +75,7 @@ def upload_to_model(upload: Upload, summary: dict[str, Any], received: dict[str,
         raise KeyError(f"site {upload.site}: cannot send a difference for {missing[:5]}: not in the download it received")
     return FLModel(
         params_type=ParamsType.DIFF,
-        params={k: v - received[k].to(v.device, v.dtype) for k, v in upload.params.items()},
+        params=streamable({k: v - received[k].to(v.device, v.dtype) for k, v in upload.params.items()}),
         meta={
             "num_train": upload.num_train,
             "class_counts": upload.class_counts,
