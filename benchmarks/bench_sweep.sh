@@ -61,28 +61,17 @@ if [ "$plan_folder" = bench ] && [ "${REPORTS_ONLY:-0}" != 1 ]; then
 fi
 
 kept=.kept.json.gz  # a kept run: <run>.kept.json.gz (benchmarks/keep_results.py), finished runs only
-reports() {  # each folder's report from every run kept so far (a sweep's own report covers its own runs)
-  local r=$results/$plan_folder task
+reports() {  # each report of the plan's folders from every run kept so far: benchmarks/results_reports.py's list
+  local names=() task
   if [ "$plan_folder" = heldout ]; then
     for task in $tasks; do
-      local found=("$r/$task"/*_s[0-9]$kept "$calibration/${task}_shift$(default_shift "$task")"/*_s[0-9]$kept) runs=() m
-      [ "$task" = isic2019 ] && found=("$r/$task"/*/*_s[0-9]$kept "$(fca_calibration bsm)"/*_s[0-9]$kept "$(fca_calibration ce)"/*_s[0-9]$kept)
-      for m in "${found[@]}"; do [ -f "$m" ] && runs+=("$m"); done
-      [ "${#runs[@]}" -gt 0 ] || continue
-      prrfl report "${runs[@]}" --reference prr --out "$r/$task/report" > /dev/null
+      names+=("heldout/$task/report")
+      [ "$task" = derm ] && names+=(heldout/derm_ablation/report)
     done
-    ls "$r"/derm_ablation/*/prr_s[0-9]$kept > /dev/null 2>&1 &&
-      prrfl report "$r"/derm/prr_s[0-9]$kept "$r"/derm_ablation/*/prr_s[0-9]$kept --out "$r"/derm_ablation/report > /dev/null
-    return 0
+  else
+    names=(bench)
   fi
-  ls "$r"/derm/*_s[0-9]$kept > /dev/null 2>&1 && prrfl report "$r"/derm/*_s[0-9]$kept --out "$r"/derm/report > /dev/null
-  ls "$r"/prostate/*_s[0-9]$kept > /dev/null 2>&1 &&
-    prrfl report "$r"/prostate/*_s[0-9]$kept $(ls "$r"/prostate_rescue/*_s[0-9]$kept 2> /dev/null) --out "$r"/prostate/report > /dev/null
-  ls "$r"/prostate_ablation/*/prr_s[0-9]$kept > /dev/null 2>&1 &&
-    prrfl report "$r"/prostate/prr_s[0-9]$kept "$r"/prostate_ablation/*/prr_s[0-9]$kept --out "$r"/prostate_ablation/report > /dev/null
-  ls "$r"/derm_ablation/*/prr_s[0-9]$kept > /dev/null 2>&1 &&
-    prrfl report "$r"/derm/prr_s[0-9]$kept "$r"/derm_ablation/*/prr_s[0-9]$kept --out "$r"/derm_ablation/report > /dev/null
-  return 0
+  python "$repo/benchmarks/results_reports.py" --results "$results" "${names[@]}" > /dev/null
 }
 
 fca_calibration() {  # the isic2019 calibration's folder of a loss (bsm, ce)
