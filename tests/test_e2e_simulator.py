@@ -149,20 +149,22 @@ def test_a_saved_best_model_is_evaluated_from_its_card_without_the_federation(fi
     copy.with_suffix(".json").write_text(json.dumps(card))
     with pytest.raises(ValueError, match=r"best_personal.json: config changed since the card was written"):
         evaluate_saved_model(copy, data_root)  # the card binds its own content
-    del card["content_sha256"]  # a card of format 1 of an older prrfl: what its fields say is checked against the data and network
+    del card[
+        "content_sha256"
+    ]  # a card of format 1 of an older prrfl: read only when accepted, what its fields say is checked against the data and network
     card["format"] = "prrfl-model-card/1"
     copy.with_suffix(".json").write_text(json.dumps(card))
     with pytest.raises(ValueError, match=r"A/train.npz holds 32 px images but the job asks for image_size=48"):
-        evaluate_saved_model(copy, data_root)
+        evaluate_saved_model(copy, data_root, accept_unverified_card=True)
     card["config"]["data"]["image_size"] = 32
     card["config"]["method"], card["config"]["run_name"], card["config"]["method_args"] = "fca", "derm_fca", {}
     copy.with_suffix(".json").write_text(json.dumps(card))
     with pytest.raises(ValueError, match=r"best_personal.json: task/method derm/prr but its config says derm/fca"):
-        evaluate_saved_model(copy, data_root)
+        evaluate_saved_model(copy, data_root, accept_unverified_card=True)
     card["method"] = "fca"
     copy.with_suffix(".json").write_text(json.dumps(card))
     with pytest.raises(ValueError, match=r"best_personal.pt: the weights do not fit the derm/fca network its card describes"):
-        evaluate_saved_model(copy, data_root)
+        evaluate_saved_model(copy, data_root, accept_unverified_card=True)
 
 
 def test_predict_on_the_raw_jpegs_reproduces_the_reported_test_metrics(finished_run, tmp_path):

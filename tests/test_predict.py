@@ -6,8 +6,10 @@ import csv
 import hashlib
 import importlib.metadata
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +23,7 @@ from prrfl.cli import main
 from prrfl.config import RunConfig
 from prrfl.data.augment import normalize
 from prrfl.flare.jobs import job_config
+from prrfl.inference import load_saved_model
 from prrfl.predict import chance_level, predict
 from prrfl.registry import build_method, build_task
 from prrfl.site.state import CARD_FIELDS, MODEL_CARD_FORMAT, MODEL_CARD_FORMAT_1, SiteRuntime, save_weights
@@ -495,7 +498,8 @@ def test_a_card_without_weights_sha256_is_read_with_a_warning(derm_raw, derm_mod
     del card["weights_sha256"], card["content_sha256"]  # a card of format 1 written by an older prrfl has neither
     card["format"] = MODEL_CARD_FORMAT_1
     model = beside(tmp_path / "old", derm_model, card)
-    assert predict(model, sorted(images_dir.glob("*.jpg"))[0], tmp_path / "p.csv").inputs == 1
+    image = sorted(images_dir.glob("*.jpg"))[0]  # a card that cannot be verified is read only when accepted
+    assert predict(model, image, tmp_path / "p.csv", accept_unverified_card=True).inputs == 1
     assert (
         f"{model.with_suffix('.json')} has no weights_sha256 (written by an older prrfl): cannot check that best_personal.pt is its model"
         in (caplog.messages)
@@ -555,7 +559,7 @@ def test_a_card_whose_preprocessing_disagrees_with_its_config_is_refused(derm_ra
     card["format"] = MODEL_CARD_FORMAT_1
     model.with_suffix(".json").write_text(json.dumps(card))
     out = tmp_path / "p.csv"
-    assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
+    assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out), "--accept-unverified-card"]) == 2
     assert f"{model.with_suffix('.json')}: its preprocessing says image_size 48 but its config builds image_size 32" in error_line(capsys)
     assert not out.exists()
 
@@ -638,25 +642,96 @@ def test_an_earlier_format_card_is_read_saying_what_its_checksum_does_not_bind(d
     image = sorted(images_dir.glob("*.jpg"))[0]
     card = format_1_card(json.loads(derm_model.with_suffix(".json").read_text()))
     model = beside(tmp_path / "format1", derm_model, card)
-    assert predict(model, image, tmp_path / "p.csv").inputs == 1
+    with pytest.raises(ValueError, match="a model card that cannot be verified is refused"):  # unless accepted
+        predict(model, image, tmp_path / "p.csv")
+    assert predict(model, image, tmp_path / "p.csv", accept_unverified_card=True).inputs == 1
     [warning] = [m for m in caplog.messages if "does not bind" in m]
     assert warning.startswith(f"{model.with_suffix('.json')} is a {MODEL_CARD_FORMAT_1} card (an older prrfl): its content_sha256")
-    assert "metrics" in warning.split("does not bind")[1]
+    assert {"format", "metrics"} <= set(warning.split("does not bind ")[1].split(", so")[0].split(", "))
     [row] = read_csv(tmp_path / "p.csv")
     assert row["model_warning"] == warning  # said in the output too
     assert row["predicted_name"] in ("melanocytic nevus", "benign keratosis-like lesion", "melanoma")  # the task's: the card has none
-    card["class_names"].reverse()  # what it binds is checked
+    card["class_names"].reverse()  # what it binds is checked, accepted unverified or not
     model = beside(tmp_path / "format1", derm_model, card)
-    assert main(["predict", "--model", str(model), "--input", str(image), "--out", str(tmp_path / "q.csv")]) == 2
+    accepted = ["--accept-unverified-card"]
+    assert main(["predict", "--model", str(model), "--input", str(image), "--out", str(tmp_path / "q.csv"), *accepted]) == 2
     assert f"{model.with_suffix('.json')}: class_names changed since the card was written" in error_line(capsys)
     card["class_names"].reverse()
     del card["content_sha256"]  # written before the checksum existed: read, with a warning that it is unchecked
     caplog.clear()
-    assert predict(beside(tmp_path / "format1", derm_model, card), image, tmp_path / "r.csv").inputs == 1
+    assert predict(beside(tmp_path / "format1", derm_model, card), image, tmp_path / "r.csv", accept_unverified_card=True).inputs == 1
     assert f"{model.with_suffix('.json')} has no content_sha256 (a {MODEL_CARD_FORMAT_1} card of an older prrfl): cannot check" in (
         caplog.text
     )
     assert read_csv(tmp_path / "r.csv")[0]["model_warning"].startswith(f"{model.with_suffix('.json')} has no content_sha256")
+
+
+def downgraded(card: dict) -> dict:
+    """The audit's edit of a current card: its format set back to the earlier one, its content_sha256 deleted (as a
+    card written before the checksum existed) and its class names reversed (every nv would be read as mel)."""
+    old = {k: v for k, v in card.items() if k != "content_sha256"}
+    return {**old, "format": MODEL_CARD_FORMAT_1, "class_names": card["class_names"][::-1]}
+
+
+ACCEPT_HINT = "pass --accept-unverified-card to prrfl predict / prrfl evaluate (accept_unverified_card=True in Python)"
+
+
+def test_a_current_card_downgraded_to_the_earlier_format_without_its_checksum_is_refused_naming_it(derm_raw, derm_model, tmp_path, capsys):
+    images_dir, prepared = derm_raw
+    model = beside(tmp_path / "downgraded", derm_model, downgraded(json.loads(derm_model.with_suffix(".json").read_text())))
+    unchecked = f"{model.with_suffix('.json')} has no content_sha256 (a {MODEL_CARD_FORMAT_1} card of an older prrfl): cannot check"
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out)]) == 2
+    line = error_line(capsys)
+    assert line.startswith(f"prrfl: error: {unchecked}") and "a model card that cannot be verified is refused" in line
+    assert line.endswith(ACCEPT_HINT) and not out.exists()  # the file, what is wrong, and how to read it anyway
+    assert main(["evaluate", "--model", str(model), "--data-root", str(prepared.parent)]) == 2
+    assert error_line(capsys).startswith(f"prrfl: error: {unchecked}")
+    for load in (lambda: predict(model, images_dir, out), lambda: load_saved_model(model)):  # the Python API: refused too
+        with pytest.raises(ValueError, match=re.escape(unchecked)):
+            load()
+    assert not out.exists()
+
+
+def test_an_unverified_card_is_read_when_accepted_with_its_warning_in_the_output_and_on_stderr(derm_raw, derm_model, tmp_path, capsys):
+    images_dir, prepared = derm_raw
+    image = sorted(images_dir.glob("*.jpg"))[0]
+    model = beside(tmp_path / "downgraded", derm_model, downgraded(json.loads(derm_model.with_suffix(".json").read_text())))
+    warning = f"{model.with_suffix('.json')} has no content_sha256 (a {MODEL_CARD_FORMAT_1} card of an older prrfl): cannot check that it is unedited"
+    out = tmp_path / "p.csv"
+    command = [sys.executable, "-m", "prrfl.cli", "predict", "--model", str(model), "--input", str(image), "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "custom"), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([*command, "--accept-unverified-card", "--quiet"], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert warning in proc.stderr.splitlines()[0] and "refused" not in proc.stderr  # said on stderr
+    [row] = read_csv(out)
+    assert row["model_warning"] == warning  # and in the output: the user chose to read it as it is
+    assert [c for c in row if c.startswith("p_")] == ["p_mel", "p_bkl", "p_nv"]  # its (edited) class names, unchecked
+    assert load_saved_model(model, accept_unverified_card=True).warnings == (warning,)
+    assert predict(model, image, tmp_path / "q.csv", accept_unverified_card=True).inputs == 1
+    assert read_csv(tmp_path / "q.csv")[0]["model_warning"] == warning
+    with pytest.raises(ValueError, match="a model card that cannot be verified is refused"):
+        load_saved_model(model)  # refused by default
+    assert main(["evaluate", "--model", str(model), "--data-root", str(prepared.parent), "--accept-unverified-card"]) == 0
+    assert "on A test" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("written", ["prrfl-model-card/3", "prrfl-model-card/0", None])
+def test_a_card_of_an_unknown_format_is_refused_even_when_unverified_cards_are_accepted(derm_raw, derm_model, tmp_path, capsys, written):
+    images_dir, _ = derm_raw
+    card = json.loads(derm_model.with_suffix(".json").read_text())
+    card["format"] = written
+    model = beside(tmp_path / "unknown", derm_model, card)
+    out = tmp_path / "p.csv"
+    for accept in ([], ["--accept-unverified-card"]):
+        assert main(["predict", "--model", str(model), "--input", str(images_dir), "--out", str(out), *accept]) == 2
+        assert (
+            f"{model.with_suffix('.json')}: not a model card this prrfl reads (its format is {written!r}): cards are of format "
+            f"{MODEL_CARD_FORMAT} (or the earlier {MODEL_CARD_FORMAT_1}, read only with --accept-unverified-card)"
+        ) in error_line(capsys)
+    with pytest.raises(ValueError, match="not a model card this prrfl reads"):
+        load_saved_model(model, accept_unverified_card=True)
+    assert not out.exists()
 
 
 def test_the_output_must_be_of_the_tasks_kind_and_a_folder_of_other_files_is_kept(

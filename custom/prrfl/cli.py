@@ -138,7 +138,9 @@ def _crosseval(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     from prrfl.inference import evaluate_saved_model
 
-    result = evaluate_saved_model(args.model, args.data_root, args.cohort, args.split, args.device)
+    result = evaluate_saved_model(
+        args.model, args.data_root, args.cohort, args.split, args.device, accept_unverified_card=args.accept_unverified_card
+    )
     values = ", ".join(f"{k} {v:.2f}" for k, v in result["metrics"].items())
     print(
         f"{result['model']} ({result['method']}, trained at {result['trained_at']}) on {result['cohort']} {result['split']} "
@@ -163,7 +165,10 @@ model_warning column. Progress lines with the time left go to stderr every few s
 def _predict(args: argparse.Namespace) -> int:
     from prrfl.predict import predict
 
-    result = predict(args.model, args.input, args.out, args.device, args.batch_size, progress=None if args.quiet else _stderr_line)
+    progress = None if args.quiet else _stderr_line
+    result = predict(
+        args.model, args.input, args.out, args.device, args.batch_size, progress, accept_unverified_card=args.accept_unverified_card
+    )
     skipped = f"; {len(result.skipped)} unreadable input(s) skipped" if result.skipped else ""
     print(f"{args.model}: {result.writes} of {result.inputs} input(s) written to {result.out}{skipped}")
     return EXIT_SKIPPED if result.skipped else 0
@@ -332,6 +337,12 @@ def _add_crosseval(sub, common: argparse.ArgumentParser) -> None:
     crosseval.set_defaults(func=_crosseval)
 
 
+ACCEPT_UNVERIFIED_HELP = (
+    "read a model card that cannot be verified (of the earlier format prrfl-model-card/1: its checksum, if any, leaves "
+    "fields unbound) with a warning, instead of refusing it"
+)
+
+
 def _add_evaluate(sub, common: argparse.ArgumentParser) -> None:
     """`prrfl evaluate`."""
     evaluate = sub.add_parser("evaluate", parents=[common], help="metrics of a saved best model (with its model card) on a prepared split")
@@ -341,6 +352,7 @@ def _add_evaluate(sub, common: argparse.ArgumentParser) -> None:
     evaluate.add_argument("--split", default="test", choices=["train", "valid", "test"])
     evaluate.add_argument("--device", default="cpu")
     evaluate.add_argument("--json", action="store_true", help="print the whole result as JSON too")
+    evaluate.add_argument("--accept-unverified-card", action="store_true", help=ACCEPT_UNVERIFIED_HELP)
     evaluate.set_defaults(func=_evaluate)
 
 
@@ -364,6 +376,7 @@ def _add_predict(sub, common: argparse.ArgumentParser) -> None:
     predict.add_argument("--device", default="cpu")
     predict.add_argument("--batch-size", type=_positive, help="images or slices per forward pass (default: the task's evaluation chunk)")
     predict.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings and errors are still printed)")
+    predict.add_argument("--accept-unverified-card", action="store_true", help=ACCEPT_UNVERIFIED_HELP)
     predict.set_defaults(func=_predict)
 
 

@@ -5,7 +5,10 @@ Every best model `best_<role>.pt` has its card `best_<role>.json` beside it (`Si
 the task, method and whole config that rebuild the network, the preprocessing its inputs need, the
 metrics it was chosen with, and the sha256 of the weights file it was written with; and the sha256 of each of
 its own fields (`content_sha256`). Nothing is re-typed by the user: what the card says is what is built, and a
-card edited since it was written, or weights that are not the card's, are refused.
+card edited since it was written, or weights that are not the card's, are refused. A card that cannot be verified
+(of the earlier format `prrfl-model-card/1`, whose checksum, if any, leaves fields unbound) is refused too, unless
+the caller accepts it explicitly (`accept_unverified_card`, the CLI's --accept-unverified-card): then it is read
+with a warning saying what could not be checked.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from prrfl.tasks.base import Task
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
+ACCEPT_UNVERIFIED_FLAG = "--accept-unverified-card"  # of prrfl predict / prrfl evaluate: accept_unverified_card=True
 
 
 @dataclass
@@ -62,11 +66,13 @@ def card_path(model_path: str | Path) -> Path:
     return Path(model_path).with_suffix(MODEL_CARD_SUFFIX)
 
 
-def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu") -> SavedModel:
+def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu", *, accept_unverified_card: bool = False) -> SavedModel:
     """The model of a best-model file, rebuilt from its card, in evaluation mode, computing as it was trained (the
     card's config: `prrfl.numerics`; its weights are float32 whatever the precision). Errors name the file:
-    a missing model or card, a card of another format, a card edited since it was written (`check_content`),
-    weights that are not the ones the card was written with (`check_weights`) or do not fit the card's network."""
+    a missing model or card, a card of another format, a card edited since it was written or one that cannot be
+    verified (`check_content`), weights that are not the ones the card was written with (`check_weights`) or do
+    not fit the card's network. `accept_unverified_card`: read a card that cannot be verified (an earlier format)
+    with a warning (`SavedModel.warnings`) instead of refusing it (the default)."""
     path = Path(model_path)
     card_file = card_path(path)
     if not path.is_file():
@@ -78,8 +84,12 @@ def load_saved_model(model_path: str | Path, device: str | torch.device = "cpu")
     except ValueError as e:  # not JSON (json.JSONDecodeError, UnicodeDecodeError)
         raise ValueError(f"{card_file}: not a readable model card ({e})") from None
     if not isinstance(card, dict) or card.get("format") not in (MODEL_CARD_FORMAT, MODEL_CARD_FORMAT_1):
-        raise ValueError(f"{card_file}: not a model card of format {MODEL_CARD_FORMAT} (or the earlier {MODEL_CARD_FORMAT_1})")
-    unchecked = [check_content(card_file, card)]
+        found = f"its format is {card.get('format')!r:.80}" if isinstance(card, dict) else f"a JSON {type(card).__name__}"
+        raise ValueError(
+            f"{card_file}: not a model card this prrfl reads ({found}): cards are of format {MODEL_CARD_FORMAT} (or the "
+            f"earlier {MODEL_CARD_FORMAT_1}, read only with {ACCEPT_UNVERIFIED_FLAG}); use the .pt and .json as they were saved together"
+        )
+    unchecked = [check_content(card_file, card, accept_unverified_card)]
     if card.get("model_file") != path.name:
         raise ValueError(f"{card_file} describes {card.get('model_file')}, not {path.name}")
     cfg = RunConfig.from_dict(card["config"])
@@ -120,18 +130,22 @@ def check_weights(path: Path, card: dict[str, Any], sha256: str) -> str | None:
     return None
 
 
-def check_content(card_file: Path, card: dict[str, Any]) -> str | None:
+def check_content(card_file: Path, card: dict[str, Any], accept_unverified: bool = False) -> str | None:
     """The card's fields must be those it was written with (`content_sha256`, the sha256 of each field): a card
     edited by hand, e.g. its class names reversed or its validation metrics raised, would relabel every prediction
     or hide that the model is at chance level. A ValueError names the fields that changed (added or removed ones
-    too). A card of the current format must hold content_sha256, which binds all its fields (CARD_FIELDS); one of
-    format 1 is read without it, or with one that binds FORMAT_1_BOUND only: the returned warning says what
-    cannot be checked."""
+    too). A card of the current format must hold content_sha256, which binds all its fields (CARD_FIELDS). One of
+    format 1, without it or with one that binds FORMAT_1_BOUND only (what it binds is checked first), cannot be
+    verified: a ValueError says what cannot be checked and how to read it anyway, unless `accept_unverified`,
+    when the returned warning says it (`unverified`)."""
     written = card.get("content_sha256")
     earlier = card["format"] == MODEL_CARD_FORMAT_1
     if written is None:
         if earlier:
-            return f"{card_file} has no content_sha256 (a {MODEL_CARD_FORMAT_1} card of an older prrfl): cannot check that it is unedited"
+            return unverified(
+                f"{card_file} has no content_sha256 (a {MODEL_CARD_FORMAT_1} card of an older prrfl): cannot check that it is unedited",
+                accept_unverified,
+            )
         raise ValueError(
             f"{card_file}: no content_sha256, which every {MODEL_CARD_FORMAT} model card holds (the sha256 of each of its "
             "fields): a card without it cannot be checked and is refused; use the .pt and .json as they were saved together"
@@ -146,23 +160,44 @@ def check_content(card_file: Path, card: dict[str, Any]) -> str | None:
             f"{card_file}: {', '.join(changed)} changed since the card was written (its content_sha256 no longer matches): "
             "a model card edited by hand is refused; use the .pt and .json as they were saved together"
         )
-    unbound = [f for f in card if f not in fields and f != "content_sha256"]
-    if unbound:
-        return (
-            f"{card_file} is a {MODEL_CARD_FORMAT_1} card (an older prrfl): its content_sha256 does not bind "
-            f"{', '.join(unbound)}, so edits to them cannot be found"
-        )
-    return None
+    if not earlier:
+        return None
+    # what format 1 leaves unbound, whatever else a hand added to its content_sha256: at least its `format`
+    unbound = [f for f in card if f not in FORMAT_1_BOUND and f != "content_sha256"]
+    return unverified(
+        f"{card_file} is a {MODEL_CARD_FORMAT_1} card (an older prrfl): its content_sha256 does not bind "
+        f"{', '.join(unbound)}, so edits to them cannot be found",
+        accept_unverified,
+    )
+
+
+def unverified(warning: str, accept: bool) -> str:
+    """`warning` (what of a card cannot be checked, naming the card) when the caller accepts an unverified card;
+    otherwise a ValueError saying it and how to read the card anyway."""
+    if accept:
+        return warning
+    raise ValueError(
+        f"{warning}; a model card that cannot be verified is refused (an edit to it, e.g. its class names reversed, would "
+        f"relabel every prediction unnoticed): to read it anyway, with this warning in the output, pass "
+        f"{ACCEPT_UNVERIFIED_FLAG} to prrfl predict / prrfl evaluate (accept_unverified_card=True in Python)"
+    )
 
 
 def evaluate_saved_model(
-    model_path: str | Path, data_root: str | Path, cohort: str | None = None, split: str = "test", device: str = "cpu"
+    model_path: str | Path,
+    data_root: str | Path,
+    cohort: str | None = None,
+    split: str = "test",
+    device: str = "cpu",
+    *,
+    accept_unverified_card: bool = False,
 ) -> dict[str, Any]:
     """The task's metrics of a saved model on one split of prepared data (`cohort`: default the model's
-    own). The data must be of the model's task and image size; the task says otherwise, naming the file."""
+    own). The data must be of the model's task and image size; the task says otherwise, naming the file.
+    `accept_unverified_card`: as load_saved_model's."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
-    saved = load_saved_model(model_path, device)
+    saved = load_saved_model(model_path, device, accept_unverified_card=accept_unverified_card)
     cohort = cohort or saved.card["cohort"]
     try:
         data = saved.task.load_site(cohort, torch.device(device), str(data_root))

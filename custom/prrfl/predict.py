@@ -228,13 +228,16 @@ def predict(
     device: str = "cpu",
     batch_size: int | None = None,
     progress: Callable[[str], None] | None = log.info,
+    *,
+    accept_unverified_card: bool = False,
 ) -> Prediction:
     """The predictions of a best model (card beside it) for the images or volumes at `input_path`, written
     to `out` (module docstring). `batch_size`: images or slices per forward pass (default the task's);
-    `progress`: where the progress lines go (`Progress`; None: nowhere)."""
+    `progress`: where the progress lines go (`Progress`; None: nowhere); `accept_unverified_card`: as
+    `load_saved_model`'s."""
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
-    saved = load_saved_model(model_path, device)
+    saved = load_saved_model(model_path, device, accept_unverified_card=accept_unverified_card)
     check_preprocessing(saved)
     task = saved.card["task"]
     predictor = PREDICTORS[saved.task.prediction]
