@@ -32,6 +32,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -57,6 +58,7 @@ from prrfl.flare import places
 from prrfl.flare.cross_site import COMPONENT_ID as CROSS_SITE_ID
 from prrfl.flare.cross_site import CrossSiteEvaluation
 from prrfl.flare.deployment import free_ports, kill_process_trees
+from prrfl.flare.failure import failure_lines
 from prrfl.flare.job_log import JobLogFollower, poc_server_log
 from prrfl.flare.jobs import JOBS, job_values
 from prrfl.flare.liveness import SIMULATOR_WORKER
@@ -518,12 +520,36 @@ def refuse_another_runs_state(recipe: PersonalizedRecipe, env: SimEnv) -> None:
         raise ConfigError(f"job {recipe.name}: {refusal}")
 
 
+def say_failure(lines: list[str]) -> None:
+    """Print a failed job's cause (failure_lines) on stderr, after everything printed so far: the lines just above the
+    command's error line, which is the exit status (prrfl.errors.run_command)."""
+    sys.stdout.flush()
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+
+
+def run_failure(name: str, env: ExecEnv, error: RuntimeError, since: float) -> CommandFailed:
+    """The error of a job `name` whose run on env raised `error`. A simulator that ran and exited non-zero has its cause
+    printed first (say_failure: the first error in its workspace's logs written since `since`, prrfl.flare.failure),
+    and FLARE's message keeps its first sentence ("Simulation failed with return code N"): the rest points at a log
+    file the simulator does not write (server/simulate_job/log.txt). Otherwise (SimEnv: before the simulator ran;
+    PocEnv, ProdEnv: the start or the submission failed) FLARE's message is the error's."""
+    from nvflare.recipe import SimEnv
+
+    if isinstance(env, SimEnv) and getattr(env, "last_run_failed", False):
+        say_failure(failure_lines(Path(env.workspace_root) / name, since=since))
+        return CommandFailed(f"job {name}: {str(error).split('. Logs are in ', 1)[0]}")
+    return CommandFailed(f"job {name}: {error}")
+
+
 def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -> tuple[str, Path, dict[str, Any]]:
     """Run the recipe on env and wait for the end: (FLARE job status, result folder, the server's
     results.json). A simulator run is over when execute returns; a POC or production job is followed
     (timeout seconds, 0: no limit) and its server workspace downloaded. The POC workspace is kept (it
     holds the sites' state and logs); the POC processes are stopped, also when the start or the submission fails.
-    A Ctrl-C or SIGTERM (interrupts) raises KeyboardInterrupt once no process of the run is left (end_interrupted_run)."""
+    A Ctrl-C or SIGTERM (interrupts) raises KeyboardInterrupt once no process of the run is left (end_interrupted_run).
+    A job that fails (the simulator exits non-zero, a POC or production job ends other than completed) prints its
+    cause on stderr (say_failure) before the CommandFailed that names its exit status."""
     from nvflare.recipe import SimEnv
 
     if isinstance(env, SimEnv):  # refuse before the simulator empties a workspace another job is running in
@@ -541,6 +567,7 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
                 f"it (it keeps only startup/ and local/): move it into {workspace / 'local'}"
             )
         refuse_another_runs_state(recipe, env)
+    started = time.time() - 1.0  # log files older than this are another run's (a coarse file-system clock: 1 s)
     try:
         with interrupts() as interrupted:
             run = recipe.run(env)
@@ -551,7 +578,7 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
             raise
         if interrupted:  # Ctrl-C or SIGTERM ended the simulator ("return code -9"): an interruption, not a failure
             raise KeyboardInterrupt from e
-        raise CommandFailed(f"job {recipe.name}: {e}") from e  # SimEnv: the simulator exited non-zero; Poc/ProdEnv: the submission failed
+        raise run_failure(recipe.name, env, e, started) from e
     if isinstance(env, SimEnv):
         status, result = "FINISHED:COMPLETED", env.get_job_result(run.get_job_id())
     else:
@@ -568,6 +595,8 @@ def run_recipe(recipe: PersonalizedRecipe, env: ExecEnv, timeout: float = 0.0) -
         status = run.get_status() or "unknown"
         if result is None:
             raise CommandFailed(f"job {run.get_job_id()} ({recipe.name}) did not finish within {timeout:.0f} s (status {status})")
-        if status != "FINISHED:COMPLETED":
+        if status != "FINISHED:COMPLETED":  # the cause: from the POC's logs of the job, or the downloaded server workspace
+            poc = isinstance(env, PocEnv)
+            say_failure(failure_lines(env.poc_workspace, run.get_job_id(), since=started) if poc else failure_lines(result))
             raise CommandFailed(f"job {run.get_job_id()} ({recipe.name}) ended {status}; its server workspace is {result}")
     return status, Path(result), server_results(result)
