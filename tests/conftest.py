@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from prrfl.data.augment import normalize
-from prrfl.tasks.base import Split
 from prrfl.tasks.classification import ClassificationTask
+from prrfl.tasks.contract import Split
 from prrfl.tasks.segmentation import SegmentationTask
 
 torch.set_num_threads(1)  # the tests' models are tiny: more threads only contend (50x slower on a busy host)

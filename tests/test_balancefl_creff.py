@@ -28,7 +28,7 @@ from prrfl.methods.balancefl import (
     pooled_class_covariance,
 )
 from prrfl.registry import build_method, validate_config
-from prrfl.tasks.base import Split
+from prrfl.tasks.contract import Split
 
 COUNTS = [20, 20, 20]
 CHEAP_CREFF = {"features_per_class": 4, "match_steps": 5, "retrain_epochs": 3, "gradient_draws": 2}

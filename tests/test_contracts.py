@@ -17,7 +17,7 @@ from prrfl.messages import Download
 from prrfl.methods.prr import PRR
 from prrfl.server.checks import upload_problem
 from prrfl.site.trainer import run_round
-from prrfl.tasks.base import Split
+from prrfl.tasks.contract import Split
 from prrfl.tasks.segmentation import VolumeOverlap, masked_class_embeddings
 
 
@@ -251,7 +251,7 @@ def test_every_task_is_one_package_that_states_what_the_jobs_predict_and_data_co
     from prrfl.flare.jobs import JOBS, PROFILES
     from prrfl.predict import PREDICTORS
     from prrfl.registry import task_class, task_names
-    from prrfl.tasks.base import PROFILE_NAMES
+    from prrfl.tasks.contract import PROFILE_NAMES
 
     assert task_names() == ["derm", "isic2019", "prostate"]
     for name in task_names():

@@ -17,7 +17,7 @@ from prrfl.crosseval import find_runs, write_crosseval
 from prrfl.messages import Download
 from prrfl.registry import build_method, build_task
 from prrfl.report import protocol_table
-from prrfl.tasks.base import Split
+from prrfl.tasks.contract import Split
 
 
 def method_on(task, method: str, **args):

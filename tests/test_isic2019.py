@@ -205,7 +205,7 @@ def tiny_task_without_c():
     """The tiny task where site B holds no image of class c in any split (as MSK lacks BCC ... SCC)."""
     from conftest import TinyTask
 
-    from prrfl.tasks.base import Split
+    from prrfl.tasks.contract import Split
 
     def drop_c(split: Split) -> Split:
         keep = split.targets != 2

@@ -14,8 +14,8 @@ from prrfl.algorithms import det, pfa
 from prrfl.config import ConfigError, RunConfig
 from prrfl.messages import Download, Upload
 from prrfl.methods.apfl import mix_parameters
-from prrfl.methods.base import proximal_term
 from prrfl.methods.fedproto import average_prototypes, prototype_regulariser
+from prrfl.methods.method import proximal_term
 from prrfl.methods.perfedavg import first_order_meta_step
 from prrfl.methods.pfedme import moreau_step, solve_personalized
 from prrfl.methods.prr_variants import count_weights, focal_loss

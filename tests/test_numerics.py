@@ -19,7 +19,7 @@ from conftest import TinyTask, make_runtime, untimed
 from prrfl.config import ConfigError, RunConfig, apply_overrides
 from prrfl.flare.jobs import job_config
 from prrfl.messages import Download
-from prrfl.methods.base import Method
+from prrfl.methods.method import Method
 from prrfl.methods.view import LossCheck
 from prrfl.numerics import NumericsForward, prepare_model
 from prrfl.registry import method_names, validate_job

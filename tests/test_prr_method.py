@@ -12,7 +12,7 @@ from prrfl.algorithms import cpa, det
 from prrfl.config import RunConfig
 from prrfl.messages import Download, Upload
 from prrfl.methods import prototype_exchange as protos
-from prrfl.methods.base import proximal_term
+from prrfl.methods.method import proximal_term
 from prrfl.methods.prr import PRR, PRROptions
 
 

@@ -75,7 +75,7 @@ PRINTED_SITE_LOG = f"""\
 2026-11-30 01:45:58,058 - ClientAPIExecutor - INFO - [identity=site-1, run=simulate_job, task_name=prepare] - waiting for result from in-process trainer
 2026-11-30 01:46:04,898 - TaskScriptRunner - INFO - Traceback (most recent call last):
 
-2026-11-30 01:46:04,899 - TaskScriptRunner - INFO -   File "/x/prrfl/tasks/base.py", line 156, in given_root
+2026-11-30 01:46:04,899 - TaskScriptRunner - INFO -   File "/x/prrfl/tasks/contract.py", line 156, in given_root
     raise FileNotFoundError(f"data root {{root}} does not exist (any more): check that the folder is there and mounted")
 
 2026-11-30 01:46:04,904 - TaskScriptRunner - INFO - FileNotFoundError: {MISSING}

@@ -22,7 +22,7 @@ from prrfl.messages import Download
 from prrfl.registry import build_method
 from prrfl.site.state import SiteRuntime
 from prrfl.site.trainer import run_round
-from prrfl.tasks.base import Split
+from prrfl.tasks.contract import Split
 from prrfl.tasks.segmentation import SegmentationTask
 
 

@@ -19,7 +19,7 @@ from prrfl.config import RunConfig, apply_overrides
 from prrfl.errors import EXIT_STATUS, CommandFailed, Interrupted, interruption, run_command, traceback_option
 from prrfl.storage import load_json
 
-PROFILE_NAMES = ("bench", "paper", "quick")  # prrfl.tasks.base.PROFILE_NAMES, sorted (not imported: it imports torch)
+PROFILE_NAMES = ("bench", "paper", "quick")  # prrfl.tasks.contract.PROFILE_NAMES, sorted (not imported: it imports torch)
 PROFILE_OPTION: dict[str, Any] = {
     "choices": PROFILE_NAMES,
     "default": "quick",

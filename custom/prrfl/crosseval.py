@@ -42,7 +42,7 @@ from prrfl.numerics import prepare_model
 from prrfl.registry import build_method, build_task, task_class
 from prrfl.site.state import CHECKPOINT
 from prrfl.storage import load_json, load_torch, save_json
-from prrfl.tasks.base import Split
+from prrfl.tasks.contract import Split
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from prrfl.site.state import (
     field_digest,
 )
 from prrfl.storage import load_json, load_torch
-from prrfl.tasks.base import Task
+from prrfl.tasks.contract import Task
 
 log = logging.getLogger(__name__)
 

@@ -400,7 +400,7 @@ def _mask_image(mask: np.ndarray, source, num_classes: int, weights_sha256: str)
 def _segment(saved: SavedModel, files: list[Path], request: Request) -> Batch:
     import nibabel as nib
 
-    from prrfl.data.build import build_dir
+    from prrfl.data.publish import build_dir
     from prrfl.tasks.prostate.prepare import prepare_image, restore_labels
     from prrfl.tasks.prostate.reader import from_canonical, load_image
 

@@ -6,9 +6,9 @@ import importlib
 from typing import Any
 
 from prrfl.config import ConfigError, RunConfig, check_name, check_options
-from prrfl.methods.base import Method
-from prrfl.tasks.base import Task
+from prrfl.methods.method import Method
 from prrfl.tasks.classification import ClassificationTask
+from prrfl.tasks.contract import Task
 
 # Each task by name, as "module:class": a site imports only its own task (the prostate task's MONAI is seconds of
 # start-up a dermoscopy site does not need). Adding a task is one line here.

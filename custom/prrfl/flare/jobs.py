@@ -13,7 +13,7 @@ from typing import Any
 
 from prrfl.config import RunConfig, with_settings
 from prrfl.registry import method_class, method_names, task_class, task_names
-from prrfl.tasks.base import PROFILE_NAMES
+from prrfl.tasks.contract import PROFILE_NAMES
 
 # The settings of every <task>_<method> job under a profile: "quick" (the committed jobs), "bench", "paper"; each
 # task states its own (Task.profiles).

@@ -37,7 +37,7 @@ from prrfl.numerics import prepare_model
 from prrfl.registry import build_method, build_task
 from prrfl.site.state import SiteRuntime
 from prrfl.site.trainer import estimate_round_seconds, run_round, score_last_download
-from prrfl.tasks.base import MissingCohort, SiteData, Task
+from prrfl.tasks.contract import MissingCohort, SiteData, Task
 
 log = logging.getLogger("prrfl.site")
 

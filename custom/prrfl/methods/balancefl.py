@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.nn.functional as F
 
-from prrfl.methods.base import frozen_copy
 from prrfl.methods.fedavg import FedAvg
 from prrfl.methods.label_skew import classification_only
+from prrfl.methods.method import frozen_copy
 from prrfl.methods.view import SiteView
-from prrfl.tasks.base import Split
+from prrfl.tasks.contract import Split
 
 if TYPE_CHECKING:
     from prrfl.messages import Download
-    from prrfl.tasks.base import Task
+    from prrfl.tasks.contract import Task
 
 MissingClasses = Literal["site", "batch"]
 

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from prrfl.messages import Download, Upload
-from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
+from prrfl.methods.method import check_finite
 from prrfl.methods.view import SiteView
 from prrfl.tasks.classification import ClassificationTask
 
 if TYPE_CHECKING:
-    from prrfl.tasks.base import Task
+    from prrfl.tasks.contract import Task
 
 Part = Literal["head", "body", "all"]
 

@@ -15,11 +15,11 @@ from prrfl.messages import Download, Upload
 from prrfl.methods.fedavg import FedAvg
 from prrfl.methods.view import SiteView
 from prrfl.server.checks import class_rows_problem
-from prrfl.tasks.base import is_count
 from prrfl.tasks.classification import ClassificationTask
+from prrfl.tasks.contract import is_count
 
 if TYPE_CHECKING:
-    from prrfl.tasks.base import Task
+    from prrfl.tasks.contract import Task
 
 INITIAL_CLASSIFIER_SEED = 104729  # added to the run's seed: the classifier of round 0's gradients, the same at every site and the server
 SERVER_SEED = 7907  # added to the run's seed: the server's draws (initial federated features, each round's fresh classifier, shuffles)

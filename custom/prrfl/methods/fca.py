@@ -17,7 +17,7 @@ from prrfl.methods.view import SiteView
 from prrfl.tasks.classification import ClassificationTask
 
 if TYPE_CHECKING:
-    from prrfl.tasks.base import Task
+    from prrfl.tasks.contract import Task
 
 AUTHORS_MILESTONES = (59, 69)  # the code's MultiStepLR(60, 70) stepped before each round's training
 

@@ -9,7 +9,7 @@ import torch
 
 from prrfl.algorithms.pfa import batchnorm_keys, batchnorm_statistics_keys
 from prrfl.messages import Download, Upload
-from prrfl.methods.base import Method, proximal_term
+from prrfl.methods.method import Method, proximal_term
 from prrfl.methods.view import SiteView
 from prrfl.server import aggregation
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from prrfl.messages import Download, Upload
 from prrfl.methods import prototype_exchange as protos
-from prrfl.methods.base import Method
+from prrfl.methods.method import Method
 from prrfl.methods.view import SiteView
 from prrfl.server.class_statistics import download_meta, site_prototypes
 

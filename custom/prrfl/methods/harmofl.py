@@ -12,13 +12,13 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from prrfl.messages import Download
-from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
+from prrfl.methods.method import check_finite
 from prrfl.methods.view import SiteView
 from prrfl.server import aggregation
 
 if TYPE_CHECKING:
-    from prrfl.tasks.base import Task
+    from prrfl.tasks.contract import Task
 
 AmpScope = Literal["full", "dc", "dc_signed"]
 AmpUpdate = Literal["ema", "first_batch"]

@@ -14,7 +14,7 @@ from prrfl.methods.fedavg import FedAvg
 from prrfl.tasks.classification import ClassificationTask
 
 if TYPE_CHECKING:
-    from prrfl.tasks.base import Task
+    from prrfl.tasks.contract import Task
 
 
 def _own_class_term(name: str, cfg) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from prrfl.messages import Download, Upload
-from prrfl.methods.base import Method
+from prrfl.methods.method import Method
 from prrfl.methods.view import SiteView
 
 

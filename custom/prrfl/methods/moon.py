@@ -8,13 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from prrfl.messages import Download
-from prrfl.methods.base import frozen_copy
 from prrfl.methods.fedavg import FedAvg
+from prrfl.methods.method import frozen_copy
 from prrfl.methods.view import SiteView
 from prrfl.tasks.classification import ClassificationTask
 
 if TYPE_CHECKING:
-    from prrfl.tasks.base import Task
+    from prrfl.tasks.contract import Task
 
 
 def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float) -> torch.Tensor:

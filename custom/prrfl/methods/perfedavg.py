@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from prrfl.messages import Download
-from prrfl.methods.base import check_finite
 from prrfl.methods.fedavg import FedAvg
+from prrfl.methods.method import check_finite
 from prrfl.methods.view import SiteView
 
 

@@ -65,7 +65,7 @@ from prrfl.algorithms import class_prototypes, cpa, det, pfa
 from prrfl.keys import PFA_R, PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.messages import Download, Upload
 from prrfl.methods import prototype_exchange as protos
-from prrfl.methods.base import Method, global_class_counts, proximal_term
+from prrfl.methods.method import Method, global_class_counts, proximal_term
 from prrfl.methods.view import SiteView
 from prrfl.server import aggregation
 from prrfl.server.class_statistics import PrototypeExchange

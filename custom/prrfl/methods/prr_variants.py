@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from prrfl.messages import Download
-from prrfl.methods.base import global_class_counts
+from prrfl.methods.method import global_class_counts
 from prrfl.methods.prr import PRR
 from prrfl.methods.view import SiteView
 

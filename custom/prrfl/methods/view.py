@@ -1,7 +1,7 @@
 """What a method's hooks see of a site: its models, optimisers and memory, its training data and
 statistics, its evaluation and scalar log, nothing of the loop's bookkeeping (checkpoints, history,
 best-on-validation record). The shared loop (prrfl.site.trainer) builds one per round from the site's
-runtime (`SiteRuntime.view`) and passes it to every hook of `prrfl.methods.base.Method`.
+runtime (`SiteRuntime.view`) and passes it to every hook of `prrfl.methods.method.Method`.
 
 This module imports neither the methods nor the runtime, so that both can import it.
 """
@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from prrfl.tasks.base import Split, Task
+    from prrfl.tasks.contract import Split, Task
 
 Scalar = Callable[[str, float, int], None]  # (tag, value, step): one value of a site's tracked curves
 
 
 class LossCheck:
-    """Whether a site's training losses are finite (`prrfl.methods.base.check_finite`), tested the way its device
+    """Whether a site's training losses are finite (`prrfl.methods.method.check_finite`), tested the way its device
     affords. On the CPU each loss is tested when it is checked, before its step: reading a value there costs
     nothing. On a GPU reading it would make the host wait for the device at every batch, so each test is folded
     into one flag that stays on the device (`deferred`), read once by `settle`: the loop settles at the end of

@@ -27,7 +27,7 @@ from prrfl.report.tables import (
     table_x,
 )
 from prrfl.storage import save_text
-from prrfl.tasks.base import Task
+from prrfl.tasks.contract import Task
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import torch
 
 from prrfl.keys import CLASS_COUNTS, PROTOTYPE_PRESENT, PROTOTYPES
 from prrfl.messages import Upload
-from prrfl.tasks.base import is_count
+from prrfl.tasks.contract import is_count
 
 if TYPE_CHECKING:
-    from prrfl.tasks.base import Task
+    from prrfl.tasks.contract import Task
 
 INTEGER_DTYPES = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64}
 V = TypeVar("V", bound=Hashable)

@@ -38,7 +38,7 @@ from prrfl.summary import participation, results_table
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from prrfl.tasks.base import Task
+    from prrfl.tasks.contract import Task
 
 Level = Literal["info", "warning", "error"]
 Event = tuple[Level, str]
@@ -146,7 +146,7 @@ def new_run_id() -> str:
 
 
 class ServerMethod(Protocol):
-    """What the round logic needs of a method (prrfl.methods.base.Method has it): its model, the entries that
+    """What the round logic needs of a method (prrfl.methods.method.Method has it): its model, the entries that
     travel, its check of its own upload meta, its aggregation, and its global model when it has one."""
 
     def build_model(self) -> torch.nn.Module: ...

@@ -36,10 +36,10 @@ from prrfl.methods.view import LossCheck, Scalar, SiteView
 from prrfl.metrics import download_drops
 from prrfl.numerics import numerics, prepare_model
 from prrfl.storage import atomic_write, atomic_write_bytes, load_torch, save_json, save_torch_keeping_previous, set_aside
-from prrfl.tasks.base import SiteData, Task
+from prrfl.tasks.contract import SiteData, Task
 
 if TYPE_CHECKING:
-    from prrfl.methods.base import Method
+    from prrfl.methods.method import Method
 
 log = logging.getLogger(__name__)
 

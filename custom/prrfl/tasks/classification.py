@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from prrfl.metrics import classification_metrics
-from prrfl.tasks.base import Split, Task
+from prrfl.tasks.contract import Split, Task
 
 
 class ClassProbabilities:

@@ -10,8 +10,8 @@ import torch
 
 from prrfl.data.augment import DermAugment, normalize
 from prrfl.models import SlimVGG16BN
-from prrfl.tasks.base import SiteData, Split
 from prrfl.tasks.classification import ClassificationTask
+from prrfl.tasks.contract import SiteData, Split
 
 
 class StoredSplit(Protocol):

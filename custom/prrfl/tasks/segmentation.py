@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from monai.losses import DiceLoss
 from monai.metrics import compute_dice, compute_iou
 
-from prrfl.tasks.base import Split, Task
+from prrfl.tasks.contract import Split, Task
 
 Pooling = Literal["area", "sum"]
 POOLINGS: tuple[str, ...] = ("area", "sum")

@@ -3,7 +3,7 @@
 Several site processes start at once and all ask for the same data set, so generation runs under
 an exclusive fcntl lock on a per-key lock file: the first caller builds, the others wait and then
 find the finished folder. Folders are published by rename, so an existing `prepared/` is complete
-(prrfl.data.build.cached_federation). POSIX only (fcntl), like the FLARE simulator itself.
+(prrfl.data.publish.cached_federation). POSIX only (fcntl), like the FLARE simulator itself.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from prrfl.data.build import cached_federation, federation_key
+from prrfl.data.publish import cached_federation, federation_key
 
 from .layout import MANIFEST_NAME, SYNTHETIC_MARKER
 from .plan import GENERATOR_VERSION

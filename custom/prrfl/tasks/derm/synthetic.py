@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from prrfl.data.build import build_dir, map_in_workers
+from prrfl.data.publish import build_dir, map_in_workers
 from prrfl.data.shift import check_shift
 
 from .acquisition import SITE_PROFILES, acquire, shifted

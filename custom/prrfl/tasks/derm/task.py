@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from prrfl.config import check_options
-from prrfl.data.build import default_cache_dir
+from prrfl.data.publish import default_cache_dir
 from prrfl.tasks.derm.cache import ensure_synthetic_federation
 from prrfl.tasks.derm.splitting import HELDOUT_MIN_PER_CLASS
 from prrfl.tasks.derm.store import DermSplit, load_split, split_path

@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 
-from prrfl.data.cli import command_parser, print_prepared, run_main
+from prrfl.data.command_line import command_parser, print_prepared, run_main
 
 from .layout import CENTRES, CLASS_NAMES, SHORT_SIDE
 from .prepare import VALID_FRACTION

@@ -1,12 +1,12 @@
 """The embedded default: the synthetic Fed-ISIC2019, generated and prepared once per parameter set into the cache
-(prrfl.data.build.cached_federation), shared by every site of the machine."""
+(prrfl.data.publish.cached_federation), shared by every site of the machine."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from prrfl.data.build import cached_federation, federation_key
+from prrfl.data.publish import cached_federation, federation_key
 
 from .layout import MANIFEST_NAME, SYNTHETIC_MARKER
 from .prepare import FORMAT, prepare_isic2019

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prrfl.data.build import build_dir, map_in_workers
+from prrfl.data.publish import build_dir, map_in_workers
 from prrfl.data.shift import check_shift
 
 from .layout import CENTRES, CLASS_NAMES, COUNTS, CSV_COLUMNS, FOLDS, IMAGES_DIR, SPLIT_CSV, SYNTHETIC_MARKER, UNKNOWN_CLASS

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from prrfl.config import check_options
-from prrfl.data.build import default_cache_dir
+from prrfl.data.publish import default_cache_dir
 from prrfl.tasks.dermoscopy import DermoscopyTask
 
 from .cache import ensure_synthetic_isic2019

@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from prrfl.data.cli import command_parser, print_prepared, run_main
+from prrfl.data.command_line import command_parser, print_prepared, run_main
 
 from .layout import SITE_NAMES, TABLE_SITES
 from .splitting import MIN_VALID_CASES

@@ -1,6 +1,6 @@
 """The embedded default prostate data: a synthetic federation generated and prepared once per machine.
 
-Same protocol as the dermoscopy cache (prrfl.data.build.cached_federation): several site
+Same protocol as the dermoscopy cache (prrfl.data.publish.cached_federation): several site
 processes may ask at once, the first builds under an exclusive lock on a per-key lock file, the
 others wait and find the finished folder; the prepared folder is published by rename, so an
 existing `prepared/manifest.json` means complete. The key hashes every parameter with the
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from prrfl.data.build import cached_federation, federation_key
+from prrfl.data.publish import cached_federation, federation_key
 
 from .layout import MANIFEST_NAME, SYNTHETIC_MARKER, TABLE_SITES
 from .prepare import FORMAT, prepare_prostate

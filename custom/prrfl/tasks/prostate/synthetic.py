@@ -27,7 +27,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
-from prrfl.data.build import build_dir
+from prrfl.data.publish import build_dir
 from prrfl.data.shift import check_shift
 
 from .anatomy import Anatomy, Grid, render, sample_anatomy

@@ -20,9 +20,9 @@ import torch
 
 from prrfl.config import check_options
 from prrfl.data.augment import SliceAugment, normalize
-from prrfl.data.build import default_cache_dir
+from prrfl.data.publish import default_cache_dir
 from prrfl.models.deeplab import DeepLabV2ResNet18
-from prrfl.tasks.base import SiteData, Split
+from prrfl.tasks.contract import SiteData, Split
 from prrfl.tasks.prostate.cache import ensure_synthetic_prostate
 from prrfl.tasks.prostate.layout import SITES, TABLE_SITES
 from prrfl.tasks.prostate.prepare import PERCENTILES

@@ -30,7 +30,7 @@ from prrfl.numerics import prepare_model
 
 if TYPE_CHECKING:
     from prrfl.config import RunConfig
-    from prrfl.tasks.base import Task
+    from prrfl.tasks.contract import Task
 
 
 class Method:
