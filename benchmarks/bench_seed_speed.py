@@ -5,7 +5,8 @@
 Runs the kept run's own config (its done marker: every setting, the seed, the number of sites) in the FLARE simulator,
 every site a thread as `prrfl sweep` runs it, then compares what the kept run holds with the new run's files read by
 today's keep rules (prrfl.report.keep; the kept run read by them too), member by member and value by value. What a run's clock or identity writes
-(`simulator_seconds`, a run's random `run_id`, wall-clock `seconds` and `timing` fields) is left out of the
+(`simulator_seconds`, a run's random `run_id`, wall-clock `seconds` and `timing` fields, the `code_commit` it ran
+with, the `file` paths of what it saved) is left out of the
 comparison. Prints the kept run's simulator wall time, the new one's and their ratio; exits 1 when a number differs.
 The synthetic federation is built before the timed run (PRRFL_CACHE, else <workdir>/cache), so the figure is the
 training job alone, as in a sweep whose federation is cached.
@@ -31,7 +32,8 @@ from prrfl.report.keep import slim
 from prrfl.storage import kept_members
 from prrfl.sweep import config_differences, job_name, run_logged, simulator_command
 
-CLOCK_KEYS = {"simulator_seconds", "run_id", "seconds", "timing", "wall_seconds", "started", "finished"}
+# what a run's clock or identity writes: its times, its random id, the commit of its code, where it saved its files
+CLOCK_KEYS = {"simulator_seconds", "run_id", "seconds", "timing", "wall_seconds", "started", "finished", "code_commit", "file"}
 
 
 def without_clock(value: Any) -> Any:

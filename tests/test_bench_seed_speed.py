@@ -26,6 +26,8 @@ def script(monkeypatch):
 def test_the_clocks_fields_are_left_out_at_any_depth(script):
     value = {"run_id": "a1", "history": [{"round": 0, "timing": {"train": 3.2}, "seconds": 9.0, "f1": 50.0}], "simulator_seconds": 12}
     assert script.without_clock(value) == {"history": [{"round": 0, "f1": 50.0}]}
+    saved = {"code_commit": "3c57ed1", "global_model": {"file": "/ws.state/server/global.pt", "round": 9}}  # where and with what
+    assert script.without_clock(saved) == {"global_model": {"round": 9}}
 
 
 def test_differences_name_the_path_and_both_values_and_take_nan_as_equal(script):
