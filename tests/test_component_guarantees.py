@@ -111,6 +111,19 @@ def test_flares_round_events_fire_as_fedavg_fires_them(poisoned_run):
     assert [(e.strip(), n, o.strip()) for e, n, o in heard] == want
 
 
+def test_each_round_after_the_first_says_the_time_left_at_the_pace_so_far(poisoned_run):
+    """The round line a FLARE user watches: 0-based as the results are, and from the second round on the time left at
+    this job's pace so far (prrfl.progress.time_left: nothing is measured before the first round ends)."""
+    _, log = poisoned_run
+    sending = {
+        int(r): rest for r, rest in re.findall(r"round (\d) \(rounds 0-2\): sending each of 3 clients its own model(.*)$", log, re.M)
+    }
+    assert sorted(sending) == [0, 1, 2]
+    assert "left" not in sending[0]
+    for r in (1, 2):
+        assert re.search(r"; about \d+ (s|min|h)\b.* left$", sending[r]), sending[r]
+
+
 def test_a_client_left_at_the_numpy_exchange_format_stops_the_job_naming_the_fix(tmp_path):
     """The clients cannot decode the torch tensors they are sent and fetch their task again and again: instead of
     waiting for ever (no deadline is set), the job stops at once with one error that says what to change."""
