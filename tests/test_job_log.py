@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import time
 
+import pytest
 from conftest import wait_for
 
 from prrfl.flare.job_log import JobLogFollower, poc_server_log, progress_line
@@ -56,3 +57,34 @@ def test_the_follower_waits_for_the_log_reads_it_as_it_grows_and_reads_the_rest_
     follower.stop()
     assert not follower.is_alive() and out.getvalue().splitlines() == SHOWN
     assert poc_server_log(tmp_path / "poc", "other")() is None
+
+
+class RecordingFollower:
+    """What quiet_monitor needs of a JobLogFollower: where it writes, start and stop."""
+
+    def __init__(self):
+        self.out, self.calls = None, []
+
+    def start(self):
+        self.calls.append("start")
+
+    def stop(self):
+        self.calls.append("stop")
+
+
+def test_while_flares_monitor_waits_only_the_jobs_progress_reaches_the_console(capsys):
+    from prrfl.flare.job_recipe import quiet_monitor
+
+    follower = RecordingFollower()
+    with quiet_monitor(follower):
+        print("{'name': 'derm_prr', 'resource_spec': {}, ...}")  # FLARE's job meta, printed by its monitor
+        print(".", end="")  # a dot per poll
+        follower.out.write("round 0 done\n")  # what the follower reads from the server's log
+    assert capsys.readouterr().out == "round 0 done\n"
+    assert follower.calls == ["start", "stop"]
+    with pytest.raises(RuntimeError), quiet_monitor(follower):
+        raise RuntimeError("the job failed")
+    assert follower.calls[-1] == "stop"  # stopped however the wait ends
+    with quiet_monitor(None):  # no follower (the simulator): nothing changes
+        print("as it is")
+    assert capsys.readouterr().out == "as it is\n"
