@@ -88,3 +88,36 @@ def test_the_data_settings_are_logged_with_the_tasks_defaults_filled_in():
     params = mlflow_params(workflow_config(context("/x", "j", SimpleNamespace(cfg=cfg))))
     assert params["data.image_size"] == str(DEFAULT_DATA["image_size"]) and "data.synthetic_scale" in params
     assert "data" not in params
+
+
+class RecordingClient:
+    """The MLflow client calls the receiver makes when a site's first record arrives."""
+
+    def __init__(self):
+        self.tags, self.names = {}, {}
+
+    def set_tag(self, run_id, key, value):
+        self.tags[key] = value
+
+    def update_run(self, run_id, name):
+        self.names[run_id] = name
+
+
+def test_a_simulator_runs_job_id_tag_becomes_the_runs_id_and_a_deployments_stays_flares(monkeypatch):
+    """In FLARE's simulator every job's id is "simulate_job": the MLflow run's job_id tag becomes prrfl's run id as the
+    site's first record arrives (with the run's name and cohort); a deployment's job id is FLARE's own and is kept."""
+    from nvflare.app_opt.tracking.mlflow.mlflow_receiver import MLflowReceiver
+
+    from prrfl.flare.run_names import COHORTS_PROP, RUN_ID_PROP
+
+    monkeypatch.setattr(MLflowReceiver, "save", lambda self, fl_ctx, shareable, record_origin: None)
+    for job_id, expected in (("simulate_job", "0123456789ab"), ("5f0c2a4e-job", None)):
+        receiver, client = MLflowRunReceiver(kw_args={"experiment_name": "derm_prr"}), RecordingClient()
+        monkeypatch.setattr(receiver, "get_mlflow_client", lambda origin, c=client: c)
+        monkeypatch.setattr(receiver, "get_run_id", lambda origin: "mlflow-run-1")
+        props = {RUN_ID_PROP: "0123456789ab", COHORTS_PROP: {"site-1": "A"}}
+        fl_ctx = SimpleNamespace(get_prop=props.get, get_job_id=lambda j=job_id: j)
+        receiver.save(fl_ctx, None, "site-1")
+        assert client.tags.get("job_id") == expected, job_id
+        assert client.tags["prrfl_run_id"] == "0123456789ab" and client.tags["cohort"] == "A"
+        assert client.names == {"mlflow-run-1": "site-1_A"} and client.tags["run_name"] == "site-1_A"
