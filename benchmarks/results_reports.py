@@ -117,8 +117,8 @@ def check(name: str, results: Path) -> str | None:
         return None
     old, new = kept_md.read_text().splitlines(), rebuilt.decode().splitlines()
     line = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), min(len(old), len(new)))
-    shown = lambda lines: lines[line] if line < len(lines) else "<end of file>"  # noqa: E731
-    return f"{name}/report.md differs from its rebuild at line {line + 1}:\n  kept:    {shown(old)}\n  rebuilt: {shown(new)}"
+    kept_line, rebuilt_line = (lines[line] if line < len(lines) else "<end of file>" for lines in (old, new))
+    return f"{name}/report.md differs from its rebuild at line {line + 1}:\n  kept:    {kept_line}\n  rebuilt: {rebuilt_line}"
 
 
 def selected(prefixes: Sequence[str]) -> list[str]:

@@ -5,8 +5,9 @@ report rebuilt from those runs alone is the report.md in git byte for byte (`pyt
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,14 +17,12 @@ RESULTS = ROOT / "docs" / "results"
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    import sys
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return importlib.import_module("results_reports")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def reports():
+    spec = importlib.util.spec_from_file_location("results_reports", ROOT / "benchmarks" / "results_reports.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def tracked(pattern: str) -> list[Path]:

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from prrfl.flare.failure import failure_cause, failure_lines, find_cause, log_files
+from prrfl.flare.failure import failure_lines, find_cause, log_files
+
+
+def cause_line(workspace, **kwargs) -> str | None:
+    """The cause as prrfl run prints it after "prrfl: cause: " ("site-1: ValueError: ..."), or None."""
+    cause = find_cause(workspace, **kwargs)
+    return None if cause is None else str(cause)
+
 
 CTX = "[identity=simulator_server, run=simulate_job, wf=workflow] - "
 
@@ -58,7 +65,7 @@ def test_a_sites_traceback_is_named_with_the_site(tmp_path):
         record("35,250", "site", "ERROR", "site site-2: task 'prepare' failed") + SITE_TRACEBACK,
         record("35,300", "ClientRunner", "INFO", "finished processing task"),
     )
-    assert failure_cause(tmp_path) == "site-2: ValueError: option 'det_split' must be 'train' or 'valid', got 'tset'"
+    assert cause_line(tmp_path) == "site-2: ValueError: option 'det_split' must be 'train' or 'valid', got 'tset'"
     cause = find_cause(tmp_path)
     assert (cause.process, cause.path, cause.line) == ("site-2", site, 2)
     assert failure_lines(tmp_path) == [
@@ -108,7 +115,7 @@ def test_a_sites_exception_printed_by_its_process_is_named_with_the_site(tmp_pat
         f"prrfl: from line 2 of {site}",  # where the traceback starts
     ]
     site.write_text(PRINTED_SITE_LOG.replace(" - site - ERROR - site site-1: task 'prepare' failed", " - site - INFO - done"))
-    assert failure_cause(tmp_path).startswith("site-1: FileNotFoundError: ")  # a printed traceback is a cause of its own
+    assert cause_line(tmp_path).startswith("site-1: FileNotFoundError: ")  # a printed traceback is a cause of its own
 
 
 def test_flares_noise_after_a_cause_does_not_win_over_it(tmp_path):
@@ -130,7 +137,7 @@ def test_flares_noise_after_a_cause_does_not_win_over_it(tmp_path):
         record("36,000", "site", "ERROR", "site site-1: task 'train' failed") + SITE_TRACEBACK.replace("site-2", "site-1"),
         record("37,000", "FileDownloader", "ERROR", "failed to download file with ref 99: timeout"),
     )
-    assert failure_cause(tmp_path) == "site-1: ValueError: option 'det_split' must be 'train' or 'valid', got 'tset'"
+    assert cause_line(tmp_path) == "site-1: ValueError: option 'det_split' must be 'train' or 'valid', got 'tset'"
 
 
 def test_the_earliest_cause_across_processes_wins(tmp_path):
@@ -141,7 +148,7 @@ def test_the_earliest_cause_across_processes_wins(tmp_path):
         record("45,000", "site", "ERROR", "site site-1: task 'train' failed") + SITE_TRACEBACK.replace("site-2", "site-1"),
     )
     write_log(tmp_path, "site-2", record("46,000", "site", "ERROR", "site site-2: the other one"))
-    assert failure_cause(tmp_path).startswith("site-1: ValueError: ")
+    assert cause_line(tmp_path).startswith("site-1: ValueError: ")
 
 
 def test_a_server_workflow_refusal_is_named(tmp_path):
@@ -155,20 +162,20 @@ def test_a_server_workflow_refusal_is_named(tmp_path):
         *server_lines(record("36,862", "ServerRunner", "ERROR", f"Aborting current RUN due to FATAL_SYSTEM_ERROR received: {reason}", CTX)),
     )
     write_log(tmp_path, "site-1", record("48,852", "InProcessClientAPI", "WARNING", "ask to stop job: reason: END_RUN received"))
-    assert failure_cause(tmp_path) == f"server: {reason}"
+    assert cause_line(tmp_path) == f"server: {reason}"
     assert failure_lines(tmp_path)[1] == f"prrfl: from line 3 of {server}"
 
 
 def test_a_long_cause_is_cut_to_one_line(tmp_path):
     write_log(tmp_path, "server", *server_lines(record("40,000", "PersonalizedWorkflow", "ERROR", "x " * 400 + "\n  and more")))
-    cause = failure_cause(tmp_path)
+    cause = cause_line(tmp_path)
     assert "\n" not in cause and len(cause) <= len("server: ") + 300 and cause.endswith("...")
 
 
 def test_nothing_found_gives_none_and_names_the_logs(tmp_path):
     server = write_log(tmp_path, "server", *server_lines())
     site = write_log(tmp_path, "site-1", record("48,852", "Cacheable", "ERROR", "failed to download object with ref 1: gone"))
-    assert failure_cause(tmp_path) is None
+    assert cause_line(tmp_path) is None
     (line,) = failure_lines(tmp_path)
     assert line == f"prrfl: no cause found in the job's logs; read {server}, {site}"
     assert failure_lines(tmp_path / "absent") == [f"prrfl: no cause found: no log file of the job under {tmp_path / 'absent'}"]
@@ -178,7 +185,7 @@ def test_reading_the_logs_never_raises(tmp_path, monkeypatch):
     from prrfl.flare import failure
 
     write_log(tmp_path, "server", "2026-13-45 99:00:00,000 - x - ERROR - no time at all\n", *server_lines())
-    assert failure_cause(tmp_path) is None  # a line whose stamp is no time is not a record
+    assert cause_line(tmp_path) is None  # a line whose stamp is no time is not a record
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
@@ -191,11 +198,11 @@ def test_older_logs_and_rotated_parts(tmp_path):
     """A log written before the run started is another run's; a rotated log's older part (log.txt.1) comes first."""
     old = write_log(tmp_path, "site-1", record("10,000", "site", "ERROR", "an earlier run's error"))
     os.utime(old, (time.time() - 3600, time.time() - 3600))
-    assert failure_cause(tmp_path, since=time.time() - 60) is None
+    assert cause_line(tmp_path, since=time.time() - 60) is None
     write_log(tmp_path, "site-2", record("40,000", "site", "ERROR", "the newer part's error"))
     (tmp_path / "site-2" / "log.txt.1").write_text(record("20,000", "site", "ERROR", "site site-2: the older part's error"))
     assert log_files(tmp_path / "site-2") == [tmp_path / "site-2" / "log.txt.1", tmp_path / "site-2" / "log.txt"]
-    assert failure_cause(tmp_path, since=time.time() - 60) == "site-2: the older part's error"
+    assert cause_line(tmp_path, since=time.time() - 60) == "site-2: the older part's error"
 
 
 def test_a_poc_jobs_logs_are_its_own(tmp_path):
@@ -204,8 +211,7 @@ def test_a_poc_jobs_logs_are_its_own(tmp_path):
     write_log(prod / "site-1", "other-job", record("10,000", "site", "ERROR", "another job's error"))
     write_log(prod / "site-1", "job-1", record("40,000", "site", "ERROR", "site site-1: task 'prepare' failed") + SITE_TRACEBACK)
     assert (
-        failure_cause(tmp_path, job_id="job-1")
-        == "site-1: ValueError: site site-2: option 'det_split' must be 'train' or 'valid', got 'tset'"
+        cause_line(tmp_path, job_id="job-1") == "site-1: ValueError: site site-2: option 'det_split' must be 'train' or 'valid', got 'tset'"
     )
 
 

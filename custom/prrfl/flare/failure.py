@@ -21,8 +21,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
 
-# "<date> <time>,<ms> - <logger> - <LEVEL> - [<FLARE's context>] - <message>", the format of FLARE's log files
-RECORD = re.compile(r"^(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) - (?P<name>\S+) - (?P<level>[A-Z]+) - (?:\[[^\]]*\] - )?(?P<msg>.*)$")
+from prrfl.flare.job_log import RECORD  # a FLARE log record's first line
+
 STAMP = "%Y-%m-%d %H:%M:%S,%f"
 ERROR_LEVELS = frozenset({"ERROR", "CRITICAL", "FATAL"})
 TRACEBACK = "Traceback (most recent call last):"
@@ -225,13 +225,6 @@ def find_cause(root: str | Path, job_id: str | None = None, since: float | None 
             if text is not None and (best is None or (stamp, order) < best[:2]):
                 best = (stamp, order, Cause(process, text, path, line))
     return best[2] if best else None
-
-
-def failure_cause(workspace: str | Path, job_id: str | None = None, since: float | None = None) -> str | None:
-    """The cause of a failed job in one line ("site-1: ValueError: ..."), from the log files under `workspace`
-    (find_cause); None when they hold none."""
-    cause = find_cause(workspace, job_id, since)
-    return None if cause is None else str(cause)
 
 
 def failure_lines(workspace: str | Path, job_id: str | None = None, since: float | None = None) -> list[str]:

@@ -18,8 +18,11 @@ from typing import TextIO
 
 from prrfl.flare.console import PLUMBING_MESSAGES
 
-# "<date> <time> - <logger> - <LEVEL> - [<FLARE's context>] - <message>", the format of FLARE's log files
-RECORD = re.compile(r"^\d{4}-\d\d-\d\d (?P<time>\d\d:\d\d:\d\d),\d+ - (?P<name>\S+) - (?P<level>[A-Z]+) - (?:\[[^\]]*\] - )?(?P<msg>.*)$")
+# "<date> <time>,<ms> - <logger> - <LEVEL> - [<FLARE's context>] - <message>", the format of FLARE's log files
+# (`stamp`: the date and time; prrfl.flare.failure reads them too)
+RECORD = re.compile(
+    r"^(?P<stamp>\d{4}-\d\d-\d\d (?P<time>\d\d:\d\d:\d\d),\d+) - (?P<name>\S+) - (?P<level>[A-Z]+) - (?:\[[^\]]*\] - )?(?P<msg>.*)$"
+)
 COMPONENTS = frozenset({"PersonalizedWorkflow", "CrossSiteEvaluation"})  # the server-side prrfl components, as FLARE names their loggers
 
 
